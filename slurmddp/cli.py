@@ -1,0 +1,105 @@
+"""`python -m slurmddp ...`: parse arguments, call the modules that do the work, map errors to exits."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from slurmddp import plan as planning
+from slurmddp import submitter
+from slurmddp.config import Loaded, load_experiment
+from slurmddp.errors import SlurmddpError
+from slurmddp.follow import FINAL_OK, follow
+
+EXIT_USER_ERROR = 2
+EXIT_JOB_FAILED = 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_intermixed_args(argv)
+    try:
+        return int(args.func(args))
+    except SlurmddpError as exc:
+        print(f"slurmddp: error: {exc}", file=sys.stderr)
+        return EXIT_USER_ERROR
+    except KeyboardInterrupt:
+        print("slurmddp: interrupted", file=sys.stderr)
+        return 130
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="slurmddp", description="Multi-node PyTorch DDP on Slurm.")
+    commands = parser.add_subparsers(required=True, metavar="COMMAND")
+
+    submit = commands.add_parser("submit", help="submit an experiment (locally when there is no Slurm)")
+    _experiment_args(submit)
+    submit.add_argument(
+        "--wait",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="follow the job to its end and exit with its status (default: only for local runs)",
+    )
+    submit.set_defaults(func=_submit)
+
+    dryrun = commands.add_parser(
+        "dryrun", help="print the batch script and rank environments; submit nothing"
+    )
+    _experiment_args(dryrun)
+    dryrun.set_defaults(func=_dryrun)
+    return parser
+
+
+def _experiment_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("experiment", type=Path, help="the experiment YAML file")
+    parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="e.g. resources.nodes=2 lr=0.1")
+
+
+def _plan(args: argparse.Namespace) -> tuple[planning.SubmissionPlan, Loaded]:
+    loaded = load_experiment(args.experiment, args.overrides)
+    exp = loaded.experiment
+    plan = planning.build(
+        loaded,
+        executor=submitter.resolve_executor(exp.executor),
+        workdir=Path.cwd(),
+        run_dir=submitter.new_run_dir(exp.output_dir, exp.name),
+        python=submitter.python_command(),
+    )
+    return plan, loaded
+
+
+def _submit(args: argparse.Namespace) -> int:
+    plan, loaded = _plan(args)
+    for note in plan.notes:
+        print(f"slurmddp: {note}")
+    sub = submitter.submit(plan, loaded, sys.argv)
+    print(f"slurmddp: submitted {plan.executor} job {sub.job_id} ({plan.world_size} ranks)")
+    print(f"  run dir: {plan.run_dir}")
+    print(f"  logs:    {sub.log_path(0)} (rank 0; one file per rank)")
+    wait = args.wait if args.wait is not None else plan.executor == "local"
+    if not wait:
+        return 0
+    final = follow(sub, sys.stdout)
+    result = plan.run_dir / "result.json"
+    if final == FINAL_OK and result.is_file():
+        print(f"  result:  {result}")
+    return 0 if final == FINAL_OK else EXIT_JOB_FAILED
+
+
+def _dryrun(args: argparse.Namespace) -> int:
+    plan, _ = _plan(args)
+    for note in plan.notes:
+        print(f"# slurmddp: {note}")
+    if plan.executor == "slurm":
+        print("# ---- batch script (sbatch) ----")
+        print(submitter.sbatch_script(plan))
+    else:
+        print(f"# ---- local executor: {plan.world_size} processes, each running ----")
+        print(planning.command(plan))
+    job_id = 12345
+    for rank in sorted({0, plan.world_size - 1}):
+        print(f"# ---- environment of rank {rank} (as job {job_id}; MASTER_PORT follows the job id) ----")
+        for key, value in sorted(planning.preview_env(plan, rank, job_id).items()):
+            print(f"{key}={value}")
+    print(f"# nothing was submitted; the run directory would be {plan.run_dir}")
+    return 0

@@ -1,0 +1,185 @@
+"""Experiment -> SubmissionPlan: every decision about a submission, as plain printable values.
+
+Pure apart from reading the entrypoint's source (never running it). `dryrun` prints a plan and
+`submit` hands one to submitit, so what a user previews is what runs.
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from slurmddp import distenv
+from slurmddp.config import Experiment, Loaded
+from slurmddp.entrypoint import check_function, check_script
+from slurmddp.rank import RankSpec
+from slurmddp.slurmtime import minutes_ceil, parse_time
+
+# A rank that dies takes the whole step down at once instead of leaving its peers blocked in a
+# collective until the distributed timeout.
+SRUN_ARGS = ("--kill-on-bad-exit=1",)
+
+
+@dataclass(frozen=True)
+class SubmissionPlan:
+    """What submitit is asked to do, and what each rank will be handed."""
+
+    executor: str
+    """`slurm` or `local`."""
+    job_name: str
+    run_dir: Path
+    folder: Path
+    """submitit's folder: the batch script, pickles and per-task logs."""
+    python: str
+    """The interpreter command each task starts."""
+    parameters: dict[str, Any]
+    """Keyword arguments for the submitit executor's update_parameters."""
+    rank: RankSpec
+    world_size: int
+    notes: tuple[str, ...] = field(default=())
+    """Things the user should know about this plan (printed by submit and dryrun)."""
+
+
+def build(loaded: Loaded, *, executor: str, workdir: Path, run_dir: Path, python: str) -> SubmissionPlan:
+    """The plan for `loaded` run from `workdir`, writing to `run_dir`, on `executor`."""
+    exp = loaded.experiment
+    rank = RankSpec(
+        function=check_function(exp.entrypoint.function, workdir) if exp.entrypoint.function else None,
+        script=check_script(exp.entrypoint.script, workdir) if exp.entrypoint.script else None,
+        args=tuple(exp.entrypoint.args),
+        workdir=str(workdir),
+        run_dir=str(run_dir),
+        checkpoint_dir=str(run_dir / "checkpoints") if exp.checkpoint.dir is None else exp.checkpoint.dir,
+        config=loaded.resolved,
+        port=exp.dist.port,
+        backend=exp.dist.backend,
+        timeout_s=exp.dist.timeout_s,
+        env=rank_env(exp),
+    )
+    folder = run_dir / "logs"
+    if executor == "slurm":
+        parameters = slurm_parameters(exp)
+        notes = slurm_notes(exp)
+    else:
+        parameters = local_parameters(exp)
+        notes = local_notes(exp)
+    return SubmissionPlan(
+        executor=executor,
+        job_name=exp.name,
+        run_dir=run_dir,
+        folder=folder,
+        python=python,
+        parameters=parameters,
+        rank=rank,
+        world_size=exp.resources.world_size,
+        notes=notes,
+    )
+
+
+def rank_env(exp: Experiment) -> dict[str, str]:
+    """Variables every rank gets besides the rank variables; the user's fabric.env wins."""
+    # Without a thread cap each rank's intra-op pool takes every core of the node, and N ranks on
+    # a node then oversubscribe it N times over.
+    env = {"OMP_NUM_THREADS": str(exp.resources.cpus_per_task)}
+    env.update(exp.fabric.env)
+    return env
+
+
+def slurm_parameters(exp: Experiment) -> dict[str, Any]:
+    res = exp.resources
+    params: dict[str, Any] = {
+        "job_name": exp.name,
+        "nodes": res.nodes,
+        "ntasks_per_node": res.ranks_per_node,
+        "cpus_per_task": res.cpus_per_task,
+        "time": minutes_ceil(parse_time(res.time)),
+        "srun_args": list(SRUN_ARGS),
+    }
+    if res.gpus_per_node:
+        key = "gpus_per_task" if res.gpu_binding == "task" else "gpus_per_node"
+        params[key] = 1 if res.gpu_binding == "task" else res.gpus_per_node
+    if res.mem_gb is not None:
+        params["mem"] = (
+            f"{int(res.mem_gb)}GB" if res.mem_gb == int(res.mem_gb) else f"{int(res.mem_gb * 1024)}MB"
+        )
+    for key in ("partition", "account", "qos", "constraint", "exclude", "comment"):
+        value = getattr(res, key)
+        if value is not None:
+            params[key] = value
+    if res.setup:
+        params["setup"] = list(res.setup)
+    if res.sbatch:
+        params["additional_parameters"] = dict(res.sbatch)
+    return params
+
+
+def local_parameters(exp: Experiment) -> dict[str, Any]:
+    return {
+        "tasks_per_node": exp.resources.world_size,
+        "timeout_min": minutes_ceil(parse_time(exp.resources.time)),
+        "gpus_per_node": 0,
+    }
+
+
+def slurm_notes(exp: Experiment) -> tuple[str, ...]:
+    if (
+        exp.entrypoint.script is not None
+        and exp.resources.gpu_binding == "task"
+        and exp.resources.gpus_per_node
+    ):
+        return (
+            "gpu_binding=task: each task sees only its own GPU, so the script must use cuda:0 "
+            "(or $SLURMDDP_DEVICE), not cuda:$LOCAL_RANK",
+        )
+    return ()
+
+
+def local_notes(exp: Experiment) -> tuple[str, ...]:
+    res = exp.resources
+    notes = [f"running {res.world_size} ranks on this machine with gloo (no Slurm)"]
+    if res.gpus_per_node:
+        notes.append("resources.gpus_per_node is ignored by the local executor: ranks run on the CPU")
+    if res.setup:
+        notes.append("resources.setup lines are for Slurm batch scripts; the local executor skips them")
+    return tuple(notes)
+
+
+def preview_env(plan: SubmissionPlan, rank: int, job_id: int = 12345) -> dict[str, str]:
+    """The environment a rank of this plan gets as job `job_id` on nodes node[1-N] (for dryrun)."""
+    per_node = plan.world_size // max(1, plan.parameters.get("nodes", 1))
+    nodes = plan.world_size // per_node
+    if plan.executor == "local":
+        fake = {
+            "SUBMITIT_EXECUTOR": "local",
+            "SUBMITIT_LOCAL_NTASKS": str(plan.world_size),
+            "SUBMITIT_LOCAL_GLOBALID": str(rank),
+            "SUBMITIT_LOCAL_LOCALID": str(rank),
+            "SUBMITIT_LOCAL_JOB_ID": str(job_id),
+        }
+    else:
+        fake = {
+            "SLURM_JOB_ID": str(job_id),
+            "SLURM_PROCID": str(rank),
+            "SLURM_LOCALID": str(rank % per_node),
+            "SLURM_NODEID": str(rank // per_node),
+            "SLURM_NTASKS": str(plan.world_size),
+            "SLURM_JOB_NODELIST": f"node[1-{nodes}]" if nodes > 1 else "node1",
+            "SLURM_TASKS_PER_NODE": f"{per_node}(x{nodes})",
+        }
+        gpus = plan.parameters.get("gpus_per_node", 0)
+        if plan.parameters.get("gpus_per_task"):
+            fake["SLURM_GPUS_PER_TASK"] = "1"
+            fake["CUDA_VISIBLE_DEVICES"] = "0"
+        elif gpus:
+            fake["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in range(gpus))
+    dist = distenv.derive(fake, port=plan.rank.port)
+    env = distenv.rank_env(dist)
+    env.update(plan.rank.env)
+    return env
+
+
+def command(plan: SubmissionPlan) -> str:
+    """The command each task runs, as submitit builds it."""
+    return " ".join([plan.python, "-u -m submitit.core._submit", shlex.quote(str(plan.folder))])

@@ -1,0 +1,171 @@
+"""The in-job side: turn a task into a DDP rank and run the user's entrypoint on it."""
+
+from __future__ import annotations
+
+import errno
+import importlib
+import importlib.util
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from slurmddp import distenv
+from slurmddp.context import RunContext
+from slurmddp.distenv import DistEnv
+from slurmddp.entrypoint import is_file_target
+from slurmddp.errors import DistEnvError, SlurmddpError
+from slurmddp.fsutil import write_json
+from slurmddp.rank import RankSpec
+
+RESULT_FILE = "result.json"
+
+
+class EntrypointFailed(SlurmddpError):
+    """The user's script ended with a non-zero exit status."""
+
+
+def run_rank(spec: RankSpec) -> Any:
+    """Run one rank of the job described by `spec` in the current task."""
+    dist = distenv.derive(os.environ, port=spec.port)
+    # Before torch is imported: OMP_NUM_THREADS and NCCL_* are read at import / init time.
+    os.environ.update(distenv.rank_env(dist))
+    os.environ.update(spec.env)
+    os.environ["SLURMDDP_RUN_DIR"] = spec.run_dir
+    os.chdir(spec.workdir)
+    if spec.workdir not in sys.path:
+        sys.path.insert(0, spec.workdir)
+    if spec.script is not None:
+        return _run_script(spec, dist)
+    assert spec.function is not None
+    return _run_function(spec, dist, load_function(spec.function))
+
+
+def load_function(target: str) -> Callable[[RunContext], Any]:
+    """Import `module:function` or `/path/file.py:function`."""
+    module_name, _, name = target.rpartition(":")
+    if is_file_target(module_name):
+        path = Path(module_name)
+        module_spec = importlib.util.spec_from_file_location(path.stem, path)
+        if module_spec is None or module_spec.loader is None:
+            raise SlurmddpError(f"cannot load {path} as a Python module")
+        module = importlib.util.module_from_spec(module_spec)
+        # Registered before it runs, as an import would, so pickle and dataclasses can find it.
+        sys.modules[path.stem] = module
+        module_spec.loader.exec_module(module)
+    else:
+        module = importlib.import_module(module_name)
+    function = getattr(module, name)
+    if not callable(function):
+        raise SlurmddpError(f"{target} is not callable")
+    return function  # type: ignore[no-any-return]
+
+
+def _run_function(spec: RankSpec, dist: DistEnv, function: Callable[[RunContext], Any]) -> Any:
+    import torch
+    import torch.distributed as tdist
+    from omegaconf import OmegaConf
+
+    backend = dist.backend if spec.backend == "auto" else spec.backend
+    if dist.device_index is not None:
+        if not torch.cuda.is_available():
+            raise DistEnvError(
+                f"Slurm gave this task GPUs (CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')}) "
+                "but torch sees no CUDA device: is this a CPU-only torch build?"
+            )
+        device = torch.device("cuda", dist.device_index)
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+    if dist.rank == 0:
+        check_port_free(dist.master_port)
+    tdist.init_process_group(backend=backend, timeout=timedelta(seconds=spec.timeout_s))
+    try:
+        config = OmegaConf.create(spec.config)
+        OmegaConf.set_readonly(config, True)
+        ctx = RunContext(
+            rank=dist.rank,
+            local_rank=dist.local_rank,
+            world_size=dist.world_size,
+            local_world_size=dist.local_world_size,
+            node_rank=dist.node_rank,
+            num_nodes=dist.num_nodes,
+            device=device,
+            config=config,
+            run_dir=Path(spec.run_dir),
+            checkpoint_dir=Path(spec.checkpoint_dir),
+            job_id=dist.job_id,
+            restart_count=dist.restart_count,
+        )
+        started = time.time()
+        result = function(ctx)
+        _check_json(result, spec.function)
+        gathered: list[Any] = [None] * dist.world_size
+        tdist.all_gather_object(gathered, result)
+        if dist.rank == 0:
+            write_result(Path(spec.run_dir), dist, gathered, time.time() - started)
+        return result
+    finally:
+        tdist.destroy_process_group()
+
+
+def _check_json(result: Any, target: str | None) -> None:
+    try:
+        json.dumps(result)
+    except (TypeError, ValueError) as exc:
+        raise SlurmddpError(
+            f"{target} returned {type(result).__name__}, which cannot be written to {RESULT_FILE} "
+            f"({exc}); return a dict of numbers and strings"
+        ) from None
+
+
+def write_result(run_dir: Path, dist: DistEnv, per_rank: list[Any], elapsed_s: float) -> None:
+    """result.json: rank 0's return value, every rank's, and where the job ran."""
+    write_json(
+        run_dir / RESULT_FILE,
+        {
+            "result": per_rank[0],
+            "ranks": per_rank,
+            "world_size": dist.world_size,
+            "num_nodes": dist.num_nodes,
+            "job_id": dist.job_id,
+            "restart_count": dist.restart_count,
+            "train_seconds": round(elapsed_s, 3),
+        },
+    )
+
+
+def check_port_free(port: int) -> None:
+    """Fail with the reason when rank 0's rendezvous port is taken, instead of a bare EADDRINUSE."""
+    probe = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    # SO_REUSEADDR as TCPStore sets it: a TIME_WAIT socket left by this job's previous attempt
+    # does not block the port, only a live listener does.
+    probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        probe.bind(("", port))
+    except OSError as exc:
+        if exc.errno == errno.EADDRINUSE:
+            raise DistEnvError(
+                f"MASTER_PORT {port} is already in use on {socket.gethostname()} (another job on this "
+                "node, or a job whose id differs from this one by a multiple of 10000); set dist.port"
+            ) from None
+        raise
+    finally:
+        probe.close()
+
+
+def _run_script(spec: RankSpec, dist: DistEnv) -> int:
+    assert spec.script is not None
+    if dist.rank == 0:
+        check_port_free(dist.master_port)
+    command = [sys.executable, spec.script, *spec.args]
+    code = subprocess.call(command, env=os.environ.copy())
+    if code != 0:
+        raise EntrypointFailed(f"rank {dist.rank}: {' '.join(command)} exited with status {code}")
+    return code

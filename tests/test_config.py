@@ -1,0 +1,163 @@
+"""The experiment loader: layering, shorthands, and an error that names file, key and fix."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from slurmddp.config import load_experiment
+from slurmddp.errors import ConfigError
+
+BASE = """\
+entrypoint: pkg.train:main
+resources:
+  nodes: 2
+  tasks_per_node: 2
+train:
+  lr: 0.1
+  layers: [1, 2]
+"""
+
+
+def write(tmp_path: Path, text: str, name: str = "exp.yaml") -> Path:
+    path = tmp_path / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return path
+
+
+def error(path: Path, overrides: list[str] | None = None) -> str:
+    with pytest.raises(ConfigError) as info:
+        load_experiment(path, overrides or [])
+    return str(info.value)
+
+
+def test_defaults_overrides_and_name_from_file(tmp_path: Path) -> None:
+    loaded = load_experiment(write(tmp_path, BASE), ["lr=0.5", "resources.nodes=3", "train.new=x"])
+    exp = loaded.experiment
+    assert exp.name == "exp"
+    assert exp.resources.nodes == 3 and exp.resources.world_size == 6
+    assert exp.train == {"lr": 0.5, "layers": [1, 2], "new": "x"}
+    assert loaded.resolved["train"]["lr"] == 0.5
+
+
+def test_slurm_time_stays_text_not_base60(tmp_path: Path) -> None:
+    # YAML 1.1 would read 1:30:00 as the integer 5400 (= 5400 minutes for sbatch).
+    loaded = load_experiment(write(tmp_path, BASE + "executor: local\n"), ["resources.time=1:30:00"])
+    assert loaded.experiment.resources.time == "1:30:00"
+    text = BASE.replace("  nodes: 2\n", "  nodes: 2\n  time: 1:30:00\n")
+    assert load_experiment(write(tmp_path, text)).experiment.resources.time == "1:30:00"
+
+
+def test_float_exponent_is_a_number(tmp_path: Path) -> None:
+    assert load_experiment(write(tmp_path, BASE), ["lr=1e-3"]).experiment.train["lr"] == 0.001
+
+
+def test_profile_layers_under_the_experiment(tmp_path: Path) -> None:
+    write(tmp_path, "resources:\n  partition: gpu\n  account: lab\n  nodes: 8\n", "configs/mycluster.yaml")
+    exp = load_experiment(write(tmp_path, BASE + "profile: mycluster\n")).experiment
+    assert (exp.resources.partition, exp.resources.account, exp.resources.nodes) == ("gpu", "lab", 2)
+
+
+def test_profile_from_override_and_unknown_profile(tmp_path: Path) -> None:
+    write(tmp_path, "resources:\n  qos: high\n", "configs/other.yaml")
+    path = write(tmp_path, BASE)
+    assert load_experiment(path, ["profile=other"]).experiment.resources.qos == "high"
+    message = error(path, ["profile=othr"])
+    assert "no profile named 'othr'" in message and "did you mean 'other'" in message
+
+
+def test_env_interpolation_resolved_at_submit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MY_ACCOUNT", "proj42")
+    path = write(tmp_path, BASE.replace("  lr: 0.1\n", "  lr: 0.1\n  acct: ${oc.env:MY_ACCOUNT}\n"))
+    assert load_experiment(path).resolved["train"]["acct"] == "proj42"
+    monkeypatch.delenv("MY_ACCOUNT")
+    assert "MY_ACCOUNT" in error(path)
+
+
+def test_entrypoint_shorthands(tmp_path: Path) -> None:
+    path = write(tmp_path, BASE)
+    script = load_experiment(path, ["entrypoint=train.py --lr 3 'a b'"]).experiment.entrypoint
+    assert (script.function, script.script, script.args) == (None, "train.py", ["--lr", "3", "a b"])
+    function = load_experiment(path, ["entrypoint=train.py:main"]).experiment.entrypoint
+    assert (function.function, function.script) == ("train.py:main", None)
+
+
+def test_malformed_yaml_names_line_and_column(tmp_path: Path) -> None:
+    message = error(write(tmp_path, "resources:\n  nodes: [1,\n  x: 2\n"))
+    assert "exp.yaml:" in message and "malformed YAML" in message
+    assert message.split("exp.yaml:")[1].split(":")[0].isdigit()
+
+
+def test_duplicate_key_is_an_error(tmp_path: Path) -> None:
+    assert "duplicate key 'nodes'" in error(write(tmp_path, BASE.replace("  nodes: 2\n", "  nodes: 2\n  nodes: 3\n")))
+
+
+def test_unknown_key_suggests_closest(tmp_path: Path) -> None:
+    message = error(write(tmp_path, BASE.replace("nodes: 2", "nodez: 2")))
+    assert "exp.yaml" in message and "resources.nodez" in message and "nodes" in message
+    message = error(write(tmp_path, BASE), ["lrr=1"])
+    assert "'lrr=1'" in message and "did you mean 'lr'" in message
+
+
+def test_wrong_type_names_key(tmp_path: Path) -> None:
+    message = error(write(tmp_path, BASE), ["resources.nodes=many"])
+    assert "resources.nodes" in message and "many" in message
+
+
+@pytest.mark.parametrize(
+    ("override", "needle"),
+    [
+        ("resources.nodes=0", "resources.nodes: must be >= 1"),
+        ("resources.cpus_per_task=0", "resources.cpus_per_task"),
+        ("resources.gpus_per_node=-1", "resources.gpus_per_node"),
+        ("resources.time=1:2:3:4", "resources.time"),
+        ("resources.time=00:00:00", "resources.time"),
+        ("resources.time=UNLIMITED", "resources.time"),
+        ("resources.gpu_binding=socket", "resources.gpu_binding"),
+        ("dist.backend=mpi", "dist.backend"),
+        ("dist.backend=nccl", "nccl needs GPUs"),
+        ("dist.port=80", "dist.port"),
+        ("executor=pbs", "executor"),
+        ("fabric.profile=infiniband2", "did you mean 'infiniband'"),
+        ("name=a b", "name"),
+        ("name=../up", "name"),
+        ("resources.mem_gb=0", "resources.mem_gb"),
+        ("entrypoint.function=nocolon", "entrypoint.function"),
+    ],
+)
+def test_impossible_values(tmp_path: Path, override: str, needle: str) -> None:
+    assert needle in error(write(tmp_path, BASE), [override])
+
+
+def test_one_rank_per_gpu(tmp_path: Path) -> None:
+    path = write(tmp_path, BASE.replace("  tasks_per_node: 2\n", "  tasks_per_node: 2\n  gpus_per_node: 4\n"))
+    assert "one rank per GPU" in error(path)
+    exp = load_experiment(path, ["resources.tasks_per_node=null"]).experiment
+    assert exp.resources.ranks_per_node == 4 and exp.resources.world_size == 8
+
+
+def test_newline_in_a_slurm_value_is_refused(tmp_path: Path) -> None:
+    text = BASE + "  \n"
+    path = write(tmp_path, text.replace("  nodes: 2\n", '  nodes: 2\n  comment: "a\\nrm -rf ~"\n'))
+    assert "resources.comment" in error(path) and "newline" in error(path)
+
+
+def test_bad_sbatch_option_name(tmp_path: Path) -> None:
+    assert "sbatch long option" in error(write(tmp_path, BASE), ["resources.sbatch={'--x; rm': 1}"])
+
+
+def test_both_or_no_entrypoint(tmp_path: Path) -> None:
+    assert "exactly one" in error(write(tmp_path, "resources:\n  nodes: 1\n"))
+    both = BASE.replace("entrypoint: pkg.train:main\n", "entrypoint:\n  function: a:b\n  script: x.py\n")
+    assert "exactly one" in error(write(tmp_path, both))
+
+
+def test_missing_file_and_non_mapping(tmp_path: Path) -> None:
+    assert "no such experiment file" in error(tmp_path / "nope.yaml")
+    assert "must be a mapping" in error(write(tmp_path, "- a\n- b\n"))
+
+
+def test_override_without_equals(tmp_path: Path) -> None:
+    assert "expected key=value" in error(write(tmp_path, BASE), ["resources.nodes"])
