@@ -17,7 +17,7 @@ EXIT_JOB_FAILED = 1
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_intermixed_args(argv)
+    args = _parse(sys.argv[1:] if argv is None else argv)
     try:
         return int(args.func(args))
     except SlurmddpError as exc:
@@ -28,11 +28,10 @@ def main(argv: list[str] | None = None) -> int:
         return 130
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="slurmddp", description="Multi-node PyTorch DDP on Slurm.")
-    commands = parser.add_subparsers(required=True, metavar="COMMAND")
-
-    submit = commands.add_parser("submit", help="submit an experiment (locally when there is no Slurm)")
+def _parse(argv: list[str]) -> argparse.Namespace:
+    # One parser per command, each parsed with parse_intermixed_args so options may stand
+    # anywhere among the KEY=VALUE overrides (argparse's subparsers do not allow that).
+    submit = argparse.ArgumentParser(prog="slurmddp submit", description="Submit an experiment.")
     _experiment_args(submit)
     submit.add_argument(
         "--wait",
@@ -41,13 +40,22 @@ def _parser() -> argparse.ArgumentParser:
         help="follow the job to its end and exit with its status (default: only for local runs)",
     )
     submit.set_defaults(func=_submit)
-
-    dryrun = commands.add_parser(
-        "dryrun", help="print the batch script and rank environments; submit nothing"
+    dryrun = argparse.ArgumentParser(
+        prog="slurmddp dryrun", description="Print the batch script and rank environments; submit nothing."
     )
     _experiment_args(dryrun)
     dryrun.set_defaults(func=_dryrun)
-    return parser
+    commands = {"submit": submit, "dryrun": dryrun}
+
+    top = argparse.ArgumentParser(prog="slurmddp", description="Multi-node PyTorch DDP on Slurm.")
+    top.add_argument(
+        "command",
+        choices=sorted(commands),
+        help="; ".join(f"{name}: {parser.description}" for name, parser in sorted(commands.items())),
+    )
+    if not argv or argv[0] not in commands:
+        top.parse_args(argv[:1])  # prints usage and exits 2, or help for -h
+    return commands[argv[0]].parse_intermixed_args(argv[1:])
 
 
 def _experiment_args(parser: argparse.ArgumentParser) -> None:

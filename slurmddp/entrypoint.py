@@ -19,13 +19,11 @@ def is_file_target(module: str) -> bool:
     return module.endswith(".py") or "/" in module
 
 
-def check_function(target: str, workdir: Path) -> str:
+def check_function(target: str, workdir: Path, exp_dir: Path) -> str:
     """Validate `module:function` or `file.py:function`; return it with a file made absolute."""
     module, _, name = target.rpartition(":")
     if is_file_target(module):
-        source = (workdir / module).resolve()
-        if not source.is_file():
-            raise ConfigError(f"entrypoint.function: no file {module!r} (looked relative to {workdir})")
+        source = _find_file("entrypoint.function", module, workdir, exp_dir)
         normalized = f"{source}:{name}"
     else:
         source = _locate(module, [str(workdir), *sys.path[1:]])
@@ -38,13 +36,20 @@ def check_function(target: str, workdir: Path) -> str:
     return normalized
 
 
-def check_script(script: str, workdir: Path) -> str:
+def check_script(script: str, workdir: Path, exp_dir: Path) -> str:
     """Validate a torchrun-style script; return its absolute path."""
-    source = (workdir / script).resolve()
-    if not source.is_file():
-        raise ConfigError(f"entrypoint.script: no file {script!r} (looked relative to {workdir})")
+    source = _find_file("entrypoint.script", script, workdir, exp_dir)
     _parse(source)
     return str(source)
+
+
+def _find_file(key: str, name: str, workdir: Path, exp_dir: Path) -> Path:
+    """A relative path is taken from the submit directory, else from the experiment file's."""
+    for base in (workdir, exp_dir):
+        candidate = (base / name).resolve()
+        if candidate.is_file():
+            return candidate
+    raise ConfigError(f"{key}: no file {name!r} (looked in {workdir} and {exp_dir.resolve()})")
 
 
 def _locate(module: str, search_path: list[str]) -> Path:

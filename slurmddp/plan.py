@@ -7,6 +7,7 @@ Pure apart from reading the entrypoint's source (never running it). `dryrun` pri
 from __future__ import annotations
 
 import shlex
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -46,8 +47,8 @@ def build(loaded: Loaded, *, executor: str, workdir: Path, run_dir: Path, python
     """The plan for `loaded` run from `workdir`, writing to `run_dir`, on `executor`."""
     exp = loaded.experiment
     rank = RankSpec(
-        function=check_function(exp.entrypoint.function, workdir) if exp.entrypoint.function else None,
-        script=check_script(exp.entrypoint.script, workdir) if exp.entrypoint.script else None,
+        function=_maybe(check_function, exp.entrypoint.function, workdir, loaded.source.parent),
+        script=_maybe(check_script, exp.entrypoint.script, workdir, loaded.source.parent),
         args=tuple(exp.entrypoint.args),
         workdir=str(workdir),
         run_dir=str(run_dir),
@@ -76,6 +77,12 @@ def build(loaded: Loaded, *, executor: str, workdir: Path, run_dir: Path, python
         world_size=exp.resources.world_size,
         notes=notes,
     )
+
+
+def _maybe(
+    check: Callable[[str, Path, Path], str], value: str | None, workdir: Path, exp_dir: Path
+) -> str | None:
+    return None if value is None else check(value, workdir, exp_dir)
 
 
 def rank_env(exp: Experiment) -> dict[str, str]:
