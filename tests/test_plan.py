@@ -1,0 +1,178 @@
+"""Plans and the batch scripts rendered from them: exact, parseable, and inert to hostile values."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from slurmddp import plan as planning
+from slurmddp import submitter
+from slurmddp.config import load_experiment
+
+ROOT = Path(__file__).resolve().parents[1]
+QUICKSTART = ROOT / "examples" / "quickstart.yaml"
+HOSTILE = "$(touch {pwn}) `touch {pwn}` 'q' \"dq\" ;touch {pwn}; a b"
+
+
+def make_plan(
+    exp: Path, overrides: list[str], run_dir: Path, executor: str = "slurm"
+) -> planning.SubmissionPlan:
+    loaded = load_experiment(exp, overrides)
+    return planning.build(loaded, executor=executor, workdir=ROOT, run_dir=run_dir, python="python3")
+
+
+def test_quickstart_slurm_plan(tmp_path: Path) -> None:
+    plan = make_plan(QUICKSTART, [], tmp_path / "run")
+    assert plan.world_size == 4
+    params = plan.parameters
+    assert (params["nodes"], params["ntasks_per_node"], params["time"]) == (2, 2, 10)
+    assert "gpus_per_node" not in params and params["srun_args"] == ["--kill-on-bad-exit=1"]
+    assert plan.rank.function == f"{ROOT / 'examples' / 'quickstart_train.py'}:train"
+    assert plan.rank.env == {"OMP_NUM_THREADS": "1"}
+    script = submitter.sbatch_script(plan)
+    assert "#SBATCH --nodes=2" in script and "#SBATCH --ntasks-per-node=2" in script
+    assert f"-m submitit.core._submit {tmp_path / 'run' / 'logs'}" in script
+    subprocess.run(["bash", "-n"], input=script, text=True, check=True)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "flag"),
+    [
+        (["resources.gpus_per_node=2", "resources.tasks_per_node=null"], "#SBATCH --gpus-per-node=2"),
+        (
+            ["resources.gpus_per_node=2", "resources.tasks_per_node=null", "resources.gpu_binding=task"],
+            "#SBATCH --gpus-per-task=1",
+        ),
+    ],
+)
+def test_gpu_bindings(tmp_path: Path, overrides: list[str], flag: str) -> None:
+    plan = make_plan(QUICKSTART, overrides, tmp_path)
+    script = submitter.sbatch_script(plan)
+    assert flag in script and "#SBATCH --ntasks-per-node=2" in script
+    last = planning.preview_env(plan, plan.world_size - 1)
+    expected = "cuda:0" if "task" in flag else "cuda:1"
+    assert last["SLURMDDP_DEVICE"] == expected and last["LOCAL_RANK"] == "1"
+
+
+def test_resources_reach_the_script(tmp_path: Path) -> None:
+    overrides = [
+        "resources.partition=debug",
+        "resources.account=proj",
+        "resources.mem_gb=1.5",
+        "resources.time=1-00:00:30",
+        "resources.sbatch={mail-type: END, exclusive: true}",
+        "resources.setup=['module load cuda', 'echo ready']",
+        "fabric.env={NCCL_DEBUG: INFO}",
+    ]
+    plan = make_plan(QUICKSTART, overrides, tmp_path)
+    script = submitter.sbatch_script(plan)
+    for line in (
+        "--partition=debug",
+        "--account=proj",
+        "--mem=1536MB",
+        "--time=1441",
+        "--mail-type=END",
+        "--exclusive\n",
+        "\nmodule load cuda\necho ready\n",
+    ):
+        assert line in script, line
+    assert plan.rank.env["NCCL_DEBUG"] == "INFO"
+
+
+def test_hostile_values_stay_inert_when_the_script_runs(tmp_path: Path) -> None:
+    """Run the rendered script under bash with a recording `srun`: the injections must not fire."""
+    pwn = tmp_path / "pwned"
+    hostile = HOSTILE.format(pwn=pwn)
+    out_dir = tmp_path / f"out {hostile}"
+    overrides = [
+        f"output_dir={json.dumps(str(out_dir))}",
+        f"resources.comment={json.dumps(hostile)}",
+        f"resources.sbatch={{mail-user: {json.dumps(hostile)}}}",
+        f"train.note={json.dumps(hostile)}",
+    ]
+    loaded = load_experiment(QUICKSTART, overrides)
+    run_dir = submitter.new_run_dir(loaded.experiment.output_dir, loaded.experiment.name)
+    plan = planning.build(loaded, executor="slurm", workdir=ROOT, run_dir=run_dir, python="python3")
+    script = submitter.sbatch_script(plan)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    record = tmp_path / "srun-argv.json"
+    fake_srun = bin_dir / "srun"
+    fake_srun.write_text(
+        f"#!{sys.executable}\nimport json, sys\njson.dump(sys.argv[1:], open({str(record)!r}, 'w'))\n"
+    )
+    fake_srun.chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
+    subprocess.run(["bash", "-c", script], env=env, check=True, cwd=tmp_path)
+    assert not pwn.exists()
+    argv = json.loads(record.read_text())
+    assert argv[-1] == str(run_dir / "logs")  # the hostile path arrives as one intact argument
+    assert argv[argv.index("--output") + 1] == str(run_dir / "logs" / "%j_%t_log.out")
+
+
+def test_local_plan_notes(tmp_path: Path) -> None:
+    plan = make_plan(
+        QUICKSTART, ["resources.gpus_per_node=2", "resources.tasks_per_node=null"], tmp_path, "local"
+    )
+    assert plan.parameters == {"tasks_per_node": 4, "timeout_min": 10, "gpus_per_node": 0}
+    assert any("ignored by the local executor" in note for note in plan.notes)
+    env = planning.preview_env(plan, 3)
+    assert env["MASTER_ADDR"] == "127.0.0.1" and env["WORLD_SIZE"] == "4" and "SLURMDDP_DEVICE" not in env
+
+
+def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    code = (
+        "import sys\nfrom slurmddp.cli import main\ncode = main(sys.argv[1:])\n"
+        "assert 'torch' not in sys.modules, 'the submit path imported torch'\nraise SystemExit(code)\n"
+    )
+    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, cwd=cwd)
+
+
+def test_dryrun_prints_script_and_envs_without_torch(tmp_path: Path) -> None:
+    proc = run_cli("dryrun", str(QUICKSTART), "executor=slurm", f"output_dir={tmp_path}", cwd=tmp_path)
+    if "no sbatch on PATH" in proc.stderr:
+        pytest.skip("dryrun of a Slurm plan needs sbatch on PATH")
+    assert proc.returncode == 0, proc.stderr
+    assert "#SBATCH --nodes=2" in proc.stdout
+    assert "environment of rank 0" in proc.stdout and "environment of rank 3" in proc.stdout
+    assert "RANK=3\n" in proc.stdout and "MASTER_ADDR=node1\n" in proc.stdout
+    assert not any(tmp_path.iterdir()), "dryrun created files"
+
+
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        ("resources: [\n", "malformed YAML"),
+        ("entrypoint: nowhere_module:main\n", "cannot find module 'nowhere_module'"),
+        ("entrypoint: missing_file.py:main\n", "no file 'missing_file.py'"),
+        ("entrypoint: train.py:mian\n", "did you mean 'main'"),
+        ("entrypoint: broken.py:main\n", "syntax error"),
+    ],
+)
+def test_bad_input_is_a_message_not_a_traceback(tmp_path: Path, text: str, needle: str) -> None:
+    (tmp_path / "train.py").write_text("def main(ctx):\n    return {}\n")
+    (tmp_path / "broken.py").write_text("def main(ctx)\n    return {}\n")
+    exp = tmp_path / "exp.yaml"
+    exp.write_text(text + "executor: local\n")
+    proc = run_cli("submit", str(exp), f"output_dir={tmp_path / 'runs'}", cwd=tmp_path)
+    assert proc.returncode == 2
+    assert needle in proc.stderr and "Traceback" not in proc.stderr
+    assert not (tmp_path / "runs").exists(), "a refused submission left a run directory"
+
+
+def test_entrypoint_is_checked_without_running_it(tmp_path: Path) -> None:
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text("raise SystemExit('package executed')\n")
+    (tmp_path / "pkg" / "train.py").write_text(
+        "import torch\nraise SystemExit('module executed')\ndef main(c): ...\n"
+    )
+    exp = tmp_path / "exp.yaml"
+    exp.write_text("entrypoint: pkg.train:main\nexecutor: local\n")
+    proc = run_cli("dryrun", str(exp), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "executed" not in proc.stdout + proc.stderr
