@@ -28,7 +28,9 @@ def make_model(width: int, classes: int, seed: int) -> nn.Module:
     )
 
 
-def global_batch(step: int, size: int, width: int, classes: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+def global_batch(
+    step: int, size: int, width: int, classes: int, seed: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     gen = torch.Generator().manual_seed(seed * 1_000_003 + step)
     inputs = torch.randn(size, width, generator=gen)
     targets = torch.randint(0, classes, (size,), generator=gen)
@@ -47,7 +49,8 @@ def train(ctx: RunContext) -> dict[str, object]:
     if cfg.global_batch % ctx.world_size:
         raise ValueError(f"train.global_batch={cfg.global_batch} is not divisible by {ctx.world_size} ranks")
     local = cfg.global_batch // ctx.world_size
-    model = make_model(cfg.width, cfg.classes, cfg.seed).to(ctx.device)
+    dtype = getattr(torch, cfg.dtype)
+    model = make_model(cfg.width, cfg.classes, cfg.seed).to(ctx.device, dtype)
     ddp = DistributedDataParallel(model)
     optimizer = torch.optim.SGD(ddp.parameters(), lr=cfg.lr, momentum=cfg.momentum)
     started = time.perf_counter()
@@ -55,7 +58,8 @@ def train(ctx: RunContext) -> dict[str, object]:
     for step in range(cfg.steps):
         inputs, targets = global_batch(step, cfg.global_batch, cfg.width, cfg.classes, cfg.seed)
         lo = ctx.rank * local
-        inputs, targets = inputs[lo : lo + local].to(ctx.device), targets[lo : lo + local].to(ctx.device)
+        inputs = inputs[lo : lo + local].to(ctx.device, dtype)
+        targets = targets[lo : lo + local].to(ctx.device)
         optimizer.zero_grad(set_to_none=True)
         loss = F.cross_entropy(ddp(inputs), targets)
         loss.backward()

@@ -16,9 +16,23 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-SEEN = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT",
-        "SLURM_PROCID", "SLURM_LOCALID", "SLURM_NTASKS", "SLURM_NODEID", "SLURM_JOB_NODELIST",
-        "CUDA_VISIBLE_DEVICES", "SLURMDDP_DEVICE", "OMP_NUM_THREADS")
+SEEN = (
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "SLURM_PROCID",
+    "SLURM_LOCALID",
+    "SLURM_NTASKS",
+    "SLURM_NODEID",
+    "SLURM_JOB_NODELIST",
+    "CUDA_VISIBLE_DEVICES",
+    "SLURMDDP_DEVICE",
+    "OMP_NUM_THREADS",
+)
 
 
 def main() -> None:

@@ -261,7 +261,7 @@ def load_experiment(path: str | Path, overrides: list[str] | tuple[str, ...] = (
     except ConfigError as exc:
         raise ConfigError(f"{source}: {exc}") from None
     assert isinstance(experiment, Experiment) and isinstance(resolved, dict)
-    return Loaded(experiment, resolved, source, tuple(overrides))
+    return Loaded(experiment, {str(k): v for k, v in resolved.items()}, source, tuple(overrides))
 
 
 def find_profile(name: str, exp_dir: Path) -> Path:

@@ -7,6 +7,7 @@ import importlib
 import importlib.util
 import json
 import os
+import shlex
 import socket
 import subprocess
 import sys
@@ -167,5 +168,5 @@ def _run_script(spec: RankSpec, dist: DistEnv) -> int:
     command = [sys.executable, spec.script, *spec.args]
     code = subprocess.call(command, env=os.environ.copy())
     if code != 0:
-        raise EntrypointFailed(f"rank {dist.rank}: {' '.join(command)} exited with status {code}")
+        raise EntrypointFailed(f"rank {dist.rank}: {shlex.join(command)} exited with status {code}")
     return code

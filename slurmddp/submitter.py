@@ -8,6 +8,7 @@ import io
 import secrets
 import shlex
 import shutil
+import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -72,8 +73,25 @@ def sbatch_script(plan: planning.SubmissionPlan) -> str:
     return str(_make_sbatch_string(command=planning.command(plan), folder=plan.folder, **plan.parameters))
 
 
+def check_schedulable(plan: planning.SubmissionPlan) -> None:
+    """Ask Slurm whether it could ever run the job, before submitting it.
+
+    Slurm 22.05 (without EnforcePartLimits) accepts a job that asks for more nodes, CPUs or GPUs
+    than its partition has, and leaves it pending forever with reason PartitionConfig; `sbatch
+    --test-only` refuses it in ~10 ms and says why.
+    """
+    proc = subprocess.run(
+        ["sbatch", "--test-only"], input=sbatch_script(plan), capture_output=True, text=True, check=False
+    )
+    if proc.returncode != 0:
+        said = proc.stderr.strip() or proc.stdout.strip()
+        raise SubmitError(f"sbatch refused the job; nothing was submitted. sbatch said:\n{said}")
+
+
 def submit(plan: planning.SubmissionPlan, loaded: Loaded, argv: list[str]) -> Submission:
     """Create the run directory, submit, record the manifest; on refusal leave nothing behind."""
+    if plan.executor == "slurm":
+        check_schedulable(plan)
     plan.run_dir.mkdir(parents=True, exist_ok=False)
     try:
         write_atomic(plan.run_dir / CONFIG, _yaml(loaded.resolved))

@@ -1,0 +1,199 @@
+"""The foundation on a real 3-node Slurm cluster, driven only through `python -m slurmddp`."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+QUICKSTART = ROOT / "examples" / "quickstart.yaml"
+TORCHRUN = ROOT / "examples" / "torchrun_script.yaml"
+STEPS = "train.steps=60"
+# In float64 the only difference between 4 ranks and 1 process, the order of the gradient sums,
+# stays far below the tolerance; float32 drifts to ~1e-4 in 60 steps.
+FLOAT64 = "train.dtype=float64"
+
+pytestmark = pytest.mark.slurm
+
+
+def slurmddp(
+    env: dict[str, str], cwd: Path, *args: str, timeout: float = 300
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "slurmddp", *args],
+        env=env,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def run_dirs(out: Path) -> list[Path]:
+    return sorted(p.parent for p in out.glob("*/*/manifest.json"))
+
+
+def only_run(out: Path) -> Path:
+    dirs = run_dirs(out)
+    assert len(dirs) == 1, dirs
+    return dirs[0]
+
+
+def job_ranks(run_dir: Path, name: str = "ranks.json") -> list[dict[str, Any]]:
+    ranks: list[dict[str, Any]] = json.loads((run_dir / name).read_text())["ranks"]
+    return ranks
+
+
+def test_quickstart_two_nodes_matches_single_process(slurm_env: dict[str, str], tmp_path: Path) -> None:
+    import torch
+
+    out = tmp_path / "multi"
+    proc = slurmddp(
+        slurm_env, tmp_path, "submit", str(QUICKSTART), STEPS, FLOAT64, f"output_dir={out}", "--wait"
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "ended COMPLETED" in proc.stdout and "[rank 0] step 0 loss" in proc.stdout
+    run = only_run(out)
+    result = json.loads((run / "result.json").read_text())
+    assert (result["world_size"], result["num_nodes"]) == (4, 2)
+    assert len({r["param_sha256"] for r in result["ranks"]}) == 1, "ranks ended with different parameters"
+
+    single_out = tmp_path / "single"
+    proc = slurmddp(
+        slurm_env,
+        tmp_path,
+        "submit",
+        str(QUICKSTART),
+        STEPS,
+        FLOAT64,
+        f"output_dir={single_out}",
+        "executor=local",
+        "resources.nodes=1",
+        "resources.tasks_per_node=1",
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    single = torch.load(only_run(single_out) / "final_model.pt")
+    multi = torch.load(run / "final_model.pt")
+    for key, tensor in single.items():
+        torch.testing.assert_close(multi[key], tensor, rtol=1e-9, atol=1e-10)
+
+
+def test_torchrun_script_gets_the_rank_variables(slurm_env: dict[str, str], tmp_path: Path) -> None:
+    out = tmp_path / "runs"
+    proc = slurmddp(slurm_env, tmp_path, "submit", str(TORCHRUN), f"output_dir={out}", "--wait")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    ranks = job_ranks(only_run(out))
+    assert len(ranks) == 4
+    hosts = [r["hostname"] for r in ranks]
+    assert hosts[0] == hosts[1] != hosts[2] == hosts[3]
+    for seen in ranks:
+        assert seen["RANK"] == seen["SLURM_PROCID"]
+        assert seen["LOCAL_RANK"] == seen["SLURM_LOCALID"]
+        assert seen["WORLD_SIZE"] == seen["SLURM_NTASKS"] == "4"
+        assert seen["GROUP_RANK"] == seen["SLURM_NODEID"] and seen["LOCAL_WORLD_SIZE"] == "2"
+        assert seen["MASTER_ADDR"] == hosts[0] and seen["MASTER_PORT"] == ranks[0]["MASTER_PORT"]
+        assert seen["OMP_NUM_THREADS"] == "1" and seen["threads"] == 1
+
+
+@pytest.mark.parametrize(
+    ("binding", "visible", "devices"),
+    [("node", ["0,1", "0,1"], ["cuda:0", "cuda:1"]), ("task", ["0", "1"], ["cuda:0", "cuda:0"])],
+)
+def test_fake_gpus_pick_the_right_device(
+    slurm_env: dict[str, str], tmp_path: Path, binding: str, visible: list[str], devices: list[str]
+) -> None:
+    out = tmp_path / "runs"
+    proc = slurmddp(
+        slurm_env,
+        tmp_path,
+        "submit",
+        str(TORCHRUN),
+        f"output_dir={out}",
+        "resources.nodes=1",
+        "resources.gpus_per_node=2",
+        "resources.tasks_per_node=null",
+        f"resources.gpu_binding={binding}",
+        "--wait",
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    ranks = job_ranks(only_run(out))
+    assert [r["CUDA_VISIBLE_DEVICES"] for r in ranks] == visible
+    assert [r["SLURMDDP_DEVICE"] for r in ranks] == devices
+
+
+def test_dryrun_shows_the_script_that_is_submitted(
+    slurm_env: dict[str, str], tmp_path: Path, slurm_wait: Callable[..., str]
+) -> None:
+    out = tmp_path / "runs"
+    args = [str(QUICKSTART), "train.steps=5", f"output_dir={out}"]
+    dry = slurmddp(slurm_env, tmp_path, "dryrun", *args)
+    assert dry.returncode == 0, dry.stderr
+    dry_run_dir = dry.stdout.strip().splitlines()[-1].rsplit(" ", 1)[-1]
+    assert run_dirs(out) == []
+    proc = slurmddp(slurm_env, tmp_path, "submit", *args)
+    assert proc.returncode == 0, proc.stderr
+    run = only_run(out)
+    manifest = json.loads((run / "manifest.json").read_text())
+    submitted = (run / "logs" / f"{manifest['job_id']}_submission.sh").read_text()
+    previewed = dry.stdout.split("# ---- batch script (sbatch) ----\n")[1].split("\n# ---- environment")[0]
+    assert previewed.replace(dry_run_dir, "RUN").strip() == submitted.replace(str(run), "RUN").strip()
+    assert slurm_wait(manifest["job_id"]) == "COMPLETED"
+
+
+@pytest.mark.parametrize(
+    ("override", "needle"),
+    [
+        ("resources.partition=nosuch", "invalid partition"),
+        ("resources.nodes=9", "node configuration"),
+        ("resources.cpus_per_task=64", "node configuration"),
+        ("resources.sbatch={bogus-option: 1}", "unrecognized option"),
+    ],
+)
+def test_sbatch_refusal_is_shown_and_nothing_is_left(
+    slurm_env: dict[str, str], tmp_path: Path, override: str, needle: str
+) -> None:
+    out = tmp_path / "runs"
+    proc = slurmddp(slurm_env, tmp_path, "submit", str(QUICKSTART), override, f"output_dir={out}")
+    assert proc.returncode == 2
+    assert "sbatch refused the job" in proc.stderr and needle in proc.stderr.lower()
+    assert "Traceback" not in proc.stderr
+    assert run_dirs(out) == [] and not any(out.glob("*/*"))
+
+
+def test_hostile_strings_are_inert_on_a_real_submission(slurm_env: dict[str, str], tmp_path: Path) -> None:
+    pwn = tmp_path / "pwned"
+    hostile = f"$(touch {pwn}) `touch {pwn}` 'q' \"dq\" ;touch {pwn}; a b"
+    out = tmp_path / f"runs {hostile}"
+    # A file name cannot hold '/': the same tricks with a relative target, which the ranks would
+    # create in their working directory, tmp_path.
+    target = tmp_path / "ranks $(touch pwned) `touch pwned` 'q' \"dq\" ;touch pwned; a b.json"
+    proc = slurmddp(
+        slurm_env,
+        tmp_path,
+        "submit",
+        str(TORCHRUN),
+        "resources.nodes=1",
+        f"output_dir={json.dumps(str(out))}",
+        f"resources.comment={json.dumps(hostile)}",
+        f"train.note={json.dumps(hostile)}",
+        f"entrypoint.args={json.dumps(['--out', str(target), '--steps', '2'])}",
+        "--wait",
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert not pwn.exists() and not (tmp_path / "pwned").exists(), "a hostile value was executed"
+    assert len(json.loads(target.read_text())["ranks"]) == 2  # the argument arrived intact
+    manifest = json.loads((only_run(out) / "manifest.json").read_text())
+    comment = subprocess.run(
+        ["sacct", "-X", "-n", "-P", "-j", manifest["job_id"], "-o", "Comment"],
+        env=slurm_env,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    assert comment in (hostile, f"'{hostile}'", ""), comment
