@@ -53,6 +53,7 @@ def train(ctx: RunContext) -> dict[str, object]:
     model = make_model(cfg.width, cfg.classes, cfg.seed).to(ctx.device, dtype)
     ddp = DistributedDataParallel(model)
     optimizer = torch.optim.SGD(ddp.parameters(), lr=cfg.lr, momentum=cfg.momentum)
+    first_step_at = time.time()
     started = time.perf_counter()
     loss = torch.zeros(())
     for step in range(cfg.steps):
@@ -73,5 +74,6 @@ def train(ctx: RunContext) -> dict[str, object]:
         "steps": cfg.steps,
         "final_loss": loss.item(),
         "step_ms": 1000 * elapsed / max(1, cfg.steps),
+        "first_step_at": first_step_at,
         "param_sha256": param_digest(model),
     }

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import pickle
 import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TextIO
+
+from submitit.core.utils import pickle_load
 
 from slurmddp.submitter import Submission
 
@@ -34,7 +37,9 @@ def follow(sub: Submission, out: TextIO, poll_s: float = 1.0) -> str:
             last = state
         out.flush()
         time.sleep(poll_s)
-    final = _local_final(sub) if sub.plan.executor == "local" else sacct_state(sub.job_id)
+    final = sacct_state(sub.job_id) if sub.plan.executor == "slurm" else "UNKNOWN"
+    if final == "UNKNOWN":
+        final = _from_results(sub)
     out.write(f"slurmddp: job {sub.job_id} ended {final} ({time.monotonic() - started:.0f}s)\n")
     out.flush()
     return final
@@ -70,13 +75,17 @@ def _local_state(sub: Submission) -> Callable[[], str | None]:
     return state
 
 
-def _local_final(sub: Submission) -> str:
-    # Every task writes a result pickle; submitit's `state` for local jobs only tells the
-    # controller's exit, not whether a rank failed.
-    try:
-        sub.job.results()
-    except Exception:  # any failure of any rank makes the job FAILED
-        return "FAILED"
+def _from_results(sub: Submission) -> str:
+    """The end state from the result pickle each task writes, where accounting cannot tell:
+    the local executor, or a cluster without slurmdbd."""
+    for task in range(sub.plan.world_size):
+        path = sub.plan.folder / f"{sub.job_id}_{task}_result.pkl"
+        try:
+            outcome = pickle_load(path)[0]
+        except (OSError, EOFError, pickle.UnpicklingError):
+            return "FAILED"
+        if outcome != "success":
+            return "FAILED"
     return FINAL_OK
 
 

@@ -157,18 +157,20 @@ class _HostList:
         self.src = src
         self.max_hosts = max_hosts
         self.ranges: list[_HostRange] = []
-        self.nhosts = 0  # a C int in Slurm: it wraps
+        self.nhosts = 0
         self.steps = 0
         self.skipped: list[_Invalid] = []
 
     def step(self) -> None:
         self.steps += 1
         if self.steps > self.max_hosts:
-            raise HostlistError(
-                f"the hostlist {_excerpt(self.src.decode('utf-8', 'surrogateescape'), 0)!r} needs "
-                f"more than {self.max_hosts} steps to expand; slurmddp stops there (no real job has "
-                "that many nodes): check the ranges"
-            )
+            raise self.too_big(f"needs more than {self.max_hosts} steps to expand")
+
+    def too_big(self, what: str) -> HostlistError:
+        return HostlistError(
+            f"the hostlist {_excerpt(self.src.decode('utf-8', 'surrogateescape'), 0)!r} {what}; "
+            "slurmddp stops there (no real job has that many nodes): check the ranges"
+        )
 
     def push_host(self, name: bytes, origin: int) -> None:
         """hostlist_push_host: a trailing run of digits becomes the range number."""
@@ -187,8 +189,9 @@ class _HostList:
 
     def push(self, new: _HostRange) -> None:
         """hostlist_push_range: extend the last range when `new` continues it, else append."""
-        self.step()
-        count = 1 if new.single else (new.hi - new.lo + 1) & _ULONG_MAX
+        self.steps += 1
+        if self.steps > self.max_hosts:
+            raise self.too_big(f"needs more than {self.max_hosts} steps to expand")
         tail = self.ranges[-1] if self.ranges else None
         merged = False
         if (
@@ -203,7 +206,8 @@ class _HostList:
                 tail.hi = new.hi
         if not merged:
             self.ranges.append(new)
-        self.nhosts = _c_int(self.nhosts + count)
+        # Slurm's counter is a C int; it is wrapped once, when read (_shift_all).
+        self.nhosts += 1 if new.single else (new.hi - new.lo + 1) & _ULONG_MAX
 
 
 def _c_int(value: int) -> int:
@@ -212,6 +216,8 @@ def _c_int(value: int) -> int:
 
 def _strtoul(text: bytes) -> tuple[int, int]:
     """C strtoul(text, &end, 10) in the C locale: (value, index of end); end 0 means no number."""
+    if text.isdigit():  # the common case; bytes.isdigit() is ASCII-only, like C's
+        return min(int(text), _ULONG_MAX), len(text)
     i = 0
     while i < len(text) and text[i] in _C_SPACE:
         i += 1
@@ -352,6 +358,9 @@ def _parse_range_list(text: bytes, offset: int, src: bytes) -> list[_Range]:
 
 def _parse_single_range(piece: bytes, offset: int) -> _Range:
     """_parse_single_range: `lo` or `lo-hi`, with strtoul's leniency and Slurm's checks."""
+    if piece.isdigit():  # the common case, `7` or `007`, needs none of the checks below
+        number = min(int(piece), _ULONG_MAX)
+        return _Range(number, number, len(piece), offset)
     shown = _show(piece)
     if b"x" in piece:
         raise _Invalid(offset, f"range {shown} contains 'x' (Slurm keeps it for 3-D boxes)")
@@ -377,6 +386,8 @@ def _parse_single_range(piece: bytes, offset: int) -> _Range:
     if lo > hi:
         raise _Invalid(offset, f"range {shown} runs backwards; Slurm only accepts ascending lo-hi ranges")
     count = (hi - lo + 1) & _ULONG_MAX
+    if count > _MAX_RANGE and high_text and high_text.lstrip(_C_SPACE).startswith(b"-"):
+        raise _Invalid(offset, f"range {shown} has a negative upper bound; bounds are numbers >= 0")
     if count > _MAX_RANGE:
         raise _Invalid(
             offset,
@@ -437,7 +448,7 @@ def _shift_all(hosts: _HostList) -> list[bytes]:
     out: list[bytes] = []
     ranges = hosts.ranges
     head = 0  # index of hl->hr[0]; popping the front of a list is O(n)
-    nhosts = hosts.nhosts
+    nhosts = _c_int(hosts.nhosts)
     culprit = 0
     while nhosts > 0:
         if head == len(ranges):
@@ -460,29 +471,44 @@ def _shift_all(hosts: _HostList) -> list[bytes]:
         if count == 0:
             # hostrange_shift returns NULL for the wrapped range `0-(2**64-1)`: output stops.
             return out
+        if hr.lo == hr.hi < 10**16:  # a single number of <= 16 digits (no truncation): quick
+            _check_room(hosts, len(out) + 1)
+            out.append(hr.prefix + b"%0*d" % (hr.width, hr.lo))
+            nhosts -= 1
+            head += 1
+            continue
         if hr.lo <= hr.hi and hr.hi != _ULONG_MAX:
             take = min(count, nhosts)
             _check_room(hosts, len(out) + take)
-            out.extend(hr.prefix + b"%0*d" % (hr.width, n) for n in range(hr.lo, hr.lo + take))
+            out.extend(_names(hr, take))
             hr.lo += take
             nhosts -= take
             if hr.lo > hr.hi:
                 head += 1
             continue
-        # A range ending at 2**64-1, or one that wrapped past it when merged: Slurm's
-        # hostrange_empty() calls it empty after its first host, whatever the counter says.
+        # A range ending at 2**64-1, or one that wrapped past it when merged: step exactly as
+        # hostrange_shift does; hostrange_empty() calls any range ending at 2**64-1 empty.
         _check_room(hosts, len(out) + 1)
-        out.append(hr.prefix + b"%0*d" % (hr.width, hr.lo))
-        culprit = hr.origin
+        out.extend(_names(hr, 1))
+        hr.lo = (hr.lo + 1) & _ULONG_MAX
         nhosts -= 1
-        head += 1
+        culprit = hr.origin
+        if hr.hi < hr.lo or hr.hi == _ULONG_MAX:
+            head += 1
     return out
+
+
+def _names(hr: _HostRange, count: int) -> list[bytes]:
+    """The first `count` names of `hr`, as hostrange_shift's snprintf writes them."""
+    names = [hr.prefix + b"%0*d" % (hr.width, n) for n in range(hr.lo, hr.lo + count)]
+    # Its buffer holds prefix + width + 15 bytes: a merge can leave a range whose width is far
+    # below its numbers' length (`99999999999999999999,0` prints `1844674407370955`, `0`).
+    room = len(hr.prefix) + hr.width + 15
+    if len(str(hr.lo + count - 1)) > hr.width + 15:
+        names = [name[:room] for name in names]
+    return names
 
 
 def _check_room(hosts: _HostList, needed: int) -> None:
     if needed > hosts.max_hosts:
-        raise HostlistError(
-            f"the hostlist {_excerpt(hosts.src.decode('utf-8', 'surrogateescape'), 0)!r} expands "
-            f"to more than {hosts.max_hosts} hosts; slurmddp stops there (no real job has that "
-            "many nodes): check the ranges"
-        )
+        raise hosts.too_big(f"expands to more than {hosts.max_hosts} hosts")
