@@ -20,9 +20,9 @@ does, surprising parts included:
 - Numbers past 2**64-1 saturate to 18446744073709551615 and keep their written width. A range
   that reaches 2**64-1 with hosts after it crashes scontrol (SIGSEGV), and one in a non-final
   bracket group makes it loop forever: both raise HostlistError here.
-- A bad range in a bracket group that is neither the last nor the one before it does not reject
-  the expression: Slurm logs an error and drops those names (`a[x]b[1]c[1]` is empty). We log a
-  warning and drop them too.
+- A bad bracket group that is neither the last nor the one before it does not reject the
+  expression: Slurm logs an error (or nothing) and drops those names, so `a[x]b[1]c[1]` is empty.
+  We log a warning and drop them too.
 - Merging of adjacent ranges compares prefixes in natural order, which ignores blanks, so
   `a[ b[1],a[b[2]` is `a[ b1 a[ b2`, and Slurm's host counter is a C int that wraps:
   `a[0-65535]b[0-65535]` (2**32 names) expands to nothing.
@@ -99,9 +99,9 @@ def expand(expr: str, *, max_hosts: int = MAX_HOSTS) -> list[str]:
     if hosts.skipped:
         first = hosts.skipped[0]
         _LOG.warning(
-            "hostlist %r: Slurm 22.05 silently drops %d name group(s) from it; the first because, "
-            "at character %d, %s",
-            expr,
+            "hostlist %r: Slurm 22.05 accepts it but drops %d group(s) of names from it; the first "
+            "because, at character %d, %s",
+            _excerpt(expr, _column(src, first.offset) - 1),
             len(hosts.skipped),
             _column(src, first.offset),
             first.problem,
@@ -189,16 +189,14 @@ class _HostList:
 
     def push(self, new: _HostRange) -> None:
         """hostlist_push_range: extend the last range when `new` continues it, else append."""
-        self.steps += 1
-        if self.steps > self.max_hosts:
-            raise self.too_big(f"needs more than {self.max_hosts} steps to expand")
+        self.step()
         tail = self.ranges[-1] if self.ranges else None
         merged = False
         if (
             tail is not None
             and tail.hi == (new.lo - 1) & _ULONG_MAX
             and tail.single == new.single
-            and _natural_equal(tail.prefix, new.prefix)
+            and (tail.prefix == new.prefix or _natural_equal(tail.prefix, new.prefix))
         ):
             merged, tail.width = _width_equiv(tail.lo, tail.width, new.lo, new.width)
             if merged:
