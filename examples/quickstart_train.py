@@ -12,7 +12,6 @@ import time
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.nn.parallel import DistributedDataParallel
 
 from slurmddp.context import RunContext
 
@@ -51,12 +50,15 @@ def train(ctx: RunContext) -> dict[str, object]:
     local = cfg.global_batch // ctx.world_size
     dtype = getattr(torch, cfg.dtype)
     model = make_model(cfg.width, cfg.classes, cfg.seed).to(ctx.device, dtype)
-    ddp = DistributedDataParallel(model)
+    ddp = ctx.ddp(model)
     optimizer = torch.optim.SGD(ddp.parameters(), lr=cfg.lr, momentum=cfg.momentum)
+    # Resumes from the latest checkpoint; on a stop signal every rank saves at the same step and
+    # the job is requeued.
+    loop = ctx.loop(cfg.steps, model=model, optimizer=optimizer)
     first_step_at = time.time()
     started = time.perf_counter()
     loss = torch.zeros(())
-    for step in range(cfg.steps):
+    for step in loop:
         inputs, targets = global_batch(step, cfg.global_batch, cfg.width, cfg.classes, cfg.seed)
         lo = ctx.rank * local
         inputs = inputs[lo : lo + local].to(ctx.device, dtype)
@@ -68,12 +70,13 @@ def train(ctx: RunContext) -> dict[str, object]:
         if ctx.is_main and step % cfg.log_every == 0:
             print(f"step {step} loss {loss.item():.4f}", flush=True)
     elapsed = time.perf_counter() - started
+    steps_run = cfg.steps - loop.first_step
     if ctx.is_main:
         torch.save(model.state_dict(), ctx.run_dir / "final_model.pt")
     return {
         "steps": cfg.steps,
         "final_loss": loss.item(),
-        "step_ms": 1000 * elapsed / max(1, cfg.steps),
+        "step_ms": 1000 * elapsed / max(1, steps_run),
         "first_step_at": first_step_at,
         "param_sha256": param_digest(model),
     }

@@ -6,8 +6,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from slurmddp import manage, submitter
 from slurmddp import plan as planning
-from slurmddp import submitter
 from slurmddp.config import Loaded, load_experiment
 from slurmddp.errors import SlurmddpError
 from slurmddp.follow import FINAL_OK, follow
@@ -45,7 +45,16 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     )
     _experiment_args(dryrun)
     dryrun.set_defaults(func=_dryrun)
-    commands = {"submit": submit, "dryrun": dryrun}
+    interrupt = argparse.ArgumentParser(
+        prog="slurmddp interrupt",
+        description="Send a running job what Slurm sends on a preemption or a time limit (to test resume).",
+    )
+    interrupt.add_argument("run", metavar="RUN", help="a run directory or a job id")
+    kind = interrupt.add_mutually_exclusive_group(required=True)
+    kind.add_argument("--preempt", dest="reason", action="store_const", const="preemption")
+    kind.add_argument("--timeout", dest="reason", action="store_const", const="timeout")
+    interrupt.set_defaults(func=_interrupt)
+    commands = {"submit": submit, "dryrun": dryrun, "interrupt": interrupt}
 
     top = argparse.ArgumentParser(prog="slurmddp", description="Multi-node PyTorch DDP on Slurm.")
     top.add_argument(
@@ -71,7 +80,7 @@ def _plan(args: argparse.Namespace) -> tuple[planning.SubmissionPlan, Loaded]:
         executor=submitter.resolve_executor(exp.executor),
         workdir=Path.cwd(),
         run_dir=submitter.new_run_dir(exp.output_dir, exp.name),
-        python=submitter.python_command(),
+        interpreter=submitter.interpreter(),
     )
     return plan, loaded
 
@@ -80,6 +89,7 @@ def _submit(args: argparse.Namespace) -> int:
     plan, loaded = _plan(args)
     for note in plan.notes:
         print(f"slurmddp: {note}")
+    _warn_short_lead(plan, loaded)
     sub = submitter.submit(plan, loaded, sys.argv)
     print(f"slurmddp: submitted {plan.executor} job {sub.job_id} ({plan.world_size} ranks)")
     print(f"  run dir: {plan.run_dir}")
@@ -92,6 +102,24 @@ def _submit(args: argparse.Namespace) -> int:
     if final == FINAL_OK and result.is_file():
         print(f"  result:  {result}")
     return 0 if final == FINAL_OK else EXIT_JOB_FAILED
+
+
+def _warn_short_lead(plan: planning.SubmissionPlan, loaded: Loaded) -> None:
+    exp = loaded.experiment
+    save_s = manage.last_save_seconds(Path(exp.output_dir), exp.name)
+    # The ranks stop one step after the signal, save, and the batch script requeues: the lead
+    # must cover the save with room for a slow step and the requeue.
+    if plan.executor == "slurm" and save_s is not None and exp.requeue.signal_lead_s < 2 * save_s + 10:
+        lead = exp.requeue.signal_lead_s
+        print(
+            f"slurmddp: warning: requeue.signal_lead_s={lead} s may be too short: the last run of "
+            f"{exp.name} took {save_s:.1f} s to save a checkpoint; give at least {2 * save_s + 10:.0f} s"
+        )
+
+
+def _interrupt(args: argparse.Namespace) -> int:
+    print(f"slurmddp: {manage.interrupt(args.run, args.reason)}")
+    return 0
 
 
 def _dryrun(args: argparse.Namespace) -> int:

@@ -28,6 +28,7 @@ from slurmddp.slurmtime import parse_time
 EXECUTORS = ("auto", "slurm", "local")
 BACKENDS = ("auto", "nccl", "gloo")
 GPU_BINDINGS = ("node", "task")
+SIGNALS = ("USR1", "USR2", "TERM", "INT", "HUP")
 FABRIC_PROFILES = ("auto", "infiniband", "roce", "efa", "tcp", "none")
 PROFILE_PATH_ENV = "SLURMDDP_PROFILE_PATH"
 
@@ -163,10 +164,45 @@ class Dist:
 
 @dataclass(kw_only=True)
 class Checkpoint:
-    """Where the training function keeps its checkpoints (ctx.checkpoint_dir)."""
+    """Checkpoints written by the training loop (ctx.loop) and where they go."""
 
     dir: str | None = None
     """Defaults to RUN_DIR/checkpoints."""
+    every_steps: int = 0
+    """Save every N steps (0: not by step count)."""
+    every_minutes: float = 0
+    """Save when this many minutes passed since the last save (0: not by time)."""
+    keep_last: int = 2
+    """Complete checkpoints kept; older ones are deleted once a newer one is complete."""
+    async_save: bool = False
+    """Write in a background thread; the loop only waits for the copy to CPU memory."""
+
+    def __post_init__(self) -> None:
+        _at_least("checkpoint.every_steps", self.every_steps, 0)
+        _at_least("checkpoint.every_minutes", self.every_minutes, 0)
+        _at_least("checkpoint.keep_last", self.keep_last, 1)
+
+
+@dataclass(kw_only=True)
+class Requeue:
+    """What happens when the job is preempted, hits its time limit, or fails."""
+
+    signal: str = "USR2"
+    """The signal Slurm sends before the end (sbatch --signal); SIGTERM is handled too."""
+    signal_lead_s: int = 120
+    """Seconds before the time limit that the signal is sent; Slurm may send it up to 60 s earlier."""
+    max_timeouts: int = 20
+    """Requeues after hitting the time limit; -1 for no limit."""
+    max_preemptions: int = -1
+    """Requeues after a preemption; -1 (default) for no limit."""
+    max_failures: int = 3
+    """Requeues after a crash (a rank died or raised); a crash at the same step twice stops at once."""
+
+    def __post_init__(self) -> None:
+        _one_of("requeue.signal", self.signal, SIGNALS)
+        _at_least("requeue.signal_lead_s", self.signal_lead_s, 10)
+        for key in ("max_timeouts", "max_preemptions", "max_failures"):
+            _at_least(f"requeue.{key}", getattr(self, key), -1)
 
 
 @dataclass(kw_only=True)
@@ -201,6 +237,7 @@ class Experiment:
     resources: Resources = field(default_factory=Resources)
     dist: Dist = field(default_factory=Dist)
     checkpoint: Checkpoint = field(default_factory=Checkpoint)
+    requeue: Requeue = field(default_factory=Requeue)
     fabric: Fabric = field(default_factory=Fabric)
     train: dict[str, Any] = field(default_factory=dict)
     """Free-form settings for the training code (ctx.config.train)."""

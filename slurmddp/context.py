@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import warnings
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig
 
+from slurmddp.loop import TrainLoop
 
-@dataclass(frozen=True)
+
+@dataclass
 class RunContext:
     """Where this rank stands, what it runs on, and the experiment it belongs to."""
 
@@ -28,6 +31,8 @@ class RunContext:
     job_id: str
     restart_count: int
     """How many times Slurm has requeued this job before this attempt."""
+    active_loop: TrainLoop | None = field(default=None, repr=False)
+    """The loop made by `loop()`, once there is one."""
 
     @property
     def is_main(self) -> bool:
@@ -40,3 +45,54 @@ class RunContext:
         section = self.config.train
         assert isinstance(section, DictConfig)
         return section
+
+    def ddp(self, module: Any, **kwargs: Any) -> Any:
+        """Wrap `module` in DistributedDataParallel on this rank's device.
+
+        `find_unused_parameters=True` by default: it is what keeps DDP from rebuilding its gradient
+        buckets after the first iteration. A rebuild makes a resumed attempt reduce its first step
+        in a different bucket layout (a different float summation order) than the uninterrupted
+        run did at that step, so resume would not be bit-exact (see docs/resume.md).
+        """
+        from torch.nn.parallel import DistributedDataParallel
+
+        kwargs.setdefault("find_unused_parameters", True)
+        if self.device.type == "cuda":
+            kwargs.setdefault("device_ids", [self.device.index])
+        # The reducer warns at the first backward that no parameter was unused: here that is the
+        # expected case, the flag is set for the bucket layout, not for unused parameters.
+        warnings.filterwarnings("ignore", message="find_unused_parameters=True was specified")
+        return DistributedDataParallel(module.to(self.device), **kwargs)
+
+    def loop(self, total_steps: int, *, extra: dict[str, Any] | None = None, **stateful: Any) -> TrainLoop:
+        """A resumable loop over steps: `for step in ctx.loop(1000, model=m, optimizer=opt): ...`.
+
+        Each keyword names an object with state_dict()/load_state_dict() (model, optimizer,
+        scheduler, grad scaler, sampler, ...); they are restored from the latest complete
+        checkpoint, saved as config.checkpoint says, and saved by every rank at the same step when
+        a stop signal arrives. `extra` is a dict of your own values kept the same way.
+        """
+        from slurmddp.checkpoint import CheckpointStore
+
+        settings = self.config.checkpoint
+        store = CheckpointStore(
+            self.checkpoint_dir,
+            rank=self.rank,
+            world_size=self.world_size,
+            keep_last=settings.keep_last,
+            async_save=settings.async_save,
+        )
+        self.active_loop = TrainLoop(
+            total_steps=total_steps,
+            rank=self.rank,
+            device=self.device,
+            run_dir=self.run_dir,
+            store=store,
+            every_steps=settings.every_steps,
+            every_minutes=settings.every_minutes,
+            restart_count=self.restart_count,
+            job_id=self.job_id,
+            objects=stateful,
+            extra=extra if extra is not None else {},
+        )
+        return self.active_loop

@@ -34,7 +34,7 @@ class SubmissionPlan:
     folder: Path
     """submitit's folder: the batch script, pickles and per-task logs."""
     python: str
-    """The interpreter command each task starts."""
+    """The command each task starts: the interpreter running slurmddp's boot module."""
     parameters: dict[str, Any]
     """Keyword arguments for the submitit executor's update_parameters."""
     rank: RankSpec
@@ -43,8 +43,9 @@ class SubmissionPlan:
     """Things the user should know about this plan (printed by submit and dryrun)."""
 
 
-def build(loaded: Loaded, *, executor: str, workdir: Path, run_dir: Path, python: str) -> SubmissionPlan:
-    """The plan for `loaded` run from `workdir`, writing to `run_dir`, on `executor`."""
+def build(loaded: Loaded, *, executor: str, workdir: Path, run_dir: Path, interpreter: str) -> SubmissionPlan:
+    """The plan for `loaded` run from `workdir`, writing to `run_dir`, on `executor`, with the
+    Python `interpreter` (a shell-quoted command)."""
     exp = loaded.experiment
     rank = RankSpec(
         function=_maybe(check_function, exp.entrypoint.function, workdir, loaded.source.parent),
@@ -58,10 +59,12 @@ def build(loaded: Loaded, *, executor: str, workdir: Path, run_dir: Path, python
         backend=exp.dist.backend,
         timeout_s=exp.dist.timeout_s,
         env=rank_env(exp),
+        stop_signals=stop_signals(exp),
+        executor=executor,
     )
     folder = run_dir / "logs"
     if executor == "slurm":
-        parameters = slurm_parameters(exp)
+        parameters = slurm_parameters(exp, run_dir, interpreter)
         notes = slurm_notes(exp)
     else:
         parameters = local_parameters(exp)
@@ -71,7 +74,7 @@ def build(loaded: Loaded, *, executor: str, workdir: Path, run_dir: Path, python
         job_name=exp.name,
         run_dir=run_dir,
         folder=folder,
-        python=python,
+        python=f"{interpreter} -u -m slurmddp.boot",
         parameters=parameters,
         rank=rank,
         world_size=exp.resources.world_size,
@@ -94,7 +97,28 @@ def rank_env(exp: Experiment) -> dict[str, str]:
     return env
 
 
-def slurm_parameters(exp: Experiment) -> dict[str, Any]:
+def stop_signals(exp: Experiment) -> tuple[str, ...]:
+    """The configured stop signal, and SIGTERM for clusters that preempt with it."""
+    return tuple(dict.fromkeys((exp.requeue.signal, "TERM")))
+
+
+def render(template: str, **values: Any) -> str:
+    """Render one of slurmddp/templates; `| q` shell-quotes a value."""
+    import jinja2
+
+    environment = jinja2.Environment(
+        loader=jinja2.PackageLoader("slurmddp", "templates"),
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=False,
+        autoescape=False,
+    )
+    environment.filters["q"] = lambda value: shlex.quote(str(value))
+    return environment.get_template(template).render(**values)
+
+
+def slurm_parameters(exp: Experiment, run_dir: Path, interpreter: str) -> dict[str, Any]:
     res = exp.resources
     params: dict[str, Any] = {
         "job_name": exp.name,
@@ -103,6 +127,21 @@ def slurm_parameters(exp: Experiment) -> dict[str, Any]:
         "cpus_per_task": res.cpus_per_task,
         "time": minutes_ceil(parse_time(res.time)),
         "srun_args": list(SRUN_ARGS),
+        "signal_delay_s": exp.requeue.signal_lead_s,
+        "setup": render(
+            "setup.sh.j2",
+            stop_signals=",".join(stop_signals(exp)),
+            python=interpreter,
+            run_dir=run_dir,
+            user_setup=res.setup,
+        ).splitlines(),
+        "teardown": render("teardown.sh.j2", python=interpreter, run_dir=run_dir).splitlines(),
+        # --signal=SIG@LEAD reaches the step's tasks only (B: would send it to the batch shell).
+        # --requeue: allowed to requeue even where the cluster's JobRequeue default is 0.
+        "additional_parameters": {
+            "signal": f"{exp.requeue.signal}@{exp.requeue.signal_lead_s}",
+            "requeue": True,
+        },
     }
     if res.gpus_per_node:
         key = "gpus_per_task" if res.gpu_binding == "task" else "gpus_per_node"
@@ -115,10 +154,7 @@ def slurm_parameters(exp: Experiment) -> dict[str, Any]:
         value = getattr(res, key)
         if value is not None:
             params[key] = value
-    if res.setup:
-        params["setup"] = list(res.setup)
-    if res.sbatch:
-        params["additional_parameters"] = dict(res.sbatch)
+    params["additional_parameters"].update(res.sbatch)
     return params
 
 
@@ -127,6 +163,7 @@ def local_parameters(exp: Experiment) -> dict[str, Any]:
         "tasks_per_node": exp.resources.world_size,
         "timeout_min": minutes_ceil(parse_time(exp.resources.time)),
         "gpus_per_node": 0,
+        "signal_delay_s": exp.requeue.signal_lead_s,
     }
 
 

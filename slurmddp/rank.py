@@ -29,6 +29,9 @@ class RankSpec:
     backend: str
     timeout_s: int
     env: dict[str, str]
+    stop_signals: tuple[str, ...]
+    executor: str
+    """`slurm` or `local`: how a stopped rank asks to be run again."""
 
 
 class Rank:

@@ -8,6 +8,7 @@ import importlib.util
 import json
 import os
 import shlex
+import signal
 import socket
 import subprocess
 import sys
@@ -17,15 +18,20 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from slurmddp import distenv
+from slurmddp import distenv, signals
+from slurmddp.attempts import FAILURE as FAILURE_FILE
+from slurmddp.attempts import STOP as STOP_FILE
 from slurmddp.context import RunContext
 from slurmddp.distenv import DistEnv
 from slurmddp.entrypoint import is_file_target
 from slurmddp.errors import DistEnvError, SlurmddpError
 from slurmddp.fsutil import write_json
+from slurmddp.loop import StopForRequeue
 from slurmddp.rank import RankSpec
 
 RESULT_FILE = "result.json"
+# submitit's local controller reruns every task when one exits with this status (submitit 1.5).
+LOCAL_REQUEUE_STATUS = 144
 
 
 class EntrypointFailed(SlurmddpError):
@@ -34,6 +40,8 @@ class EntrypointFailed(SlurmddpError):
 
 def run_rank(spec: RankSpec) -> Any:
     """Run one rank of the job described by `spec` in the current task."""
+    # Back to our flag first: submitit's runner put its own handlers in just before calling us.
+    signals.install(spec.stop_signals)
     dist = distenv.derive(os.environ, port=spec.port)
     # Before torch is imported: OMP_NUM_THREADS and NCCL_* are read at import / init time.
     os.environ.update(distenv.rank_env(dist))
@@ -105,7 +113,13 @@ def _run_function(spec: RankSpec, dist: DistEnv, function: Callable[[RunContext]
             restart_count=dist.restart_count,
         )
         started = time.time()
-        result = function(ctx)
+        try:
+            result = function(ctx)
+        except StopForRequeue as stop:
+            return _stopped(spec, stop)
+        except Exception as exc:
+            _record_failure(spec, dist, ctx, exc)
+            raise
         _check_json(result, spec.function)
         gathered: list[Any] = [None] * dist.world_size
         tdist.all_gather_object(gathered, result)
@@ -114,6 +128,30 @@ def _run_function(spec: RankSpec, dist: DistEnv, function: Callable[[RunContext]
         return result
     finally:
         tdist.destroy_process_group()
+
+
+def _stopped(spec: RankSpec, stop: StopForRequeue) -> dict[str, Any]:
+    print(f"slurmddp: {stop}", flush=True)
+    if spec.executor == "local":
+        # submitit's local controller starts every task again when one exits with this status.
+        raise SystemExit(LOCAL_REQUEUE_STATUS)
+    return {"stopped_at": stop.step}
+
+
+def _record_failure(spec: RankSpec, dist: DistEnv, ctx: RunContext, exc: Exception) -> None:
+    """Where the attempt crashed, for the failure budget (a crash at the same step twice stops)."""
+    step = ctx.active_loop.step if ctx.active_loop is not None else None
+    write_json(
+        Path(spec.run_dir) / FAILURE_FILE,
+        {
+            "step": step,
+            "rank": dist.rank,
+            "error": repr(exc),
+            "job_id": dist.job_id,
+            "restart_count": dist.restart_count,
+            "time": time.time(),
+        },
+    )
 
 
 def _check_json(result: Any, target: str | None) -> None:
@@ -162,11 +200,40 @@ def check_port_free(port: int) -> None:
 
 
 def _run_script(spec: RankSpec, dist: DistEnv) -> int:
+    """Run a torchrun-style script as this rank. A stop signal reaches it as SIGTERM, the signal
+    torchrun's agent sends its workers; the script saves its own snapshot and exits, and the job is
+    requeued as for a function entrypoint."""
     assert spec.script is not None
     if dist.rank == 0:
         check_port_free(dist.master_port)
     command = [sys.executable, spec.script, *spec.args]
-    code = subprocess.call(command, env=os.environ.copy())
+    child = subprocess.Popen(command, env=os.environ.copy())
+    forwarded = False
+    while True:
+        try:
+            code = child.wait(timeout=0.2)
+            break
+        except subprocess.TimeoutExpired:
+            if signals.received() is not None and not forwarded:
+                child.send_signal(signal.SIGTERM)
+                forwarded = True
+    stop = signals.received()
+    if stop is not None:
+        if dist.rank == 0:
+            write_json(
+                Path(spec.run_dir) / STOP_FILE,
+                {
+                    "step": None,
+                    "signal": signals.name(stop),
+                    "script_status": code,
+                    "job_id": dist.job_id,
+                    "restart_count": dist.restart_count,
+                    "time": time.time(),
+                },
+            )
+        if spec.executor == "local":
+            raise SystemExit(LOCAL_REQUEUE_STATUS)
+        return code
     if code != 0:
         raise EntrypointFailed(f"rank {dist.rank}: {shlex.join(command)} exited with status {code}")
     return code

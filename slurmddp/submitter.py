@@ -61,7 +61,7 @@ def new_run_dir(output_dir: str, name: str, now: dt.datetime | None = None) -> P
     return (Path(output_dir) / name / f"{stamp}-{secrets.token_hex(2)}").resolve()
 
 
-def python_command() -> str:
+def interpreter() -> str:
     """The interpreter the ranks start: the one running slurmddp, so the same environment."""
     return shlex.quote(sys.executable)
 

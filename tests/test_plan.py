@@ -23,7 +23,7 @@ def make_plan(
     exp: Path, overrides: list[str], run_dir: Path, executor: str = "slurm"
 ) -> planning.SubmissionPlan:
     loaded = load_experiment(exp, overrides)
-    return planning.build(loaded, executor=executor, workdir=ROOT, run_dir=run_dir, python="python3")
+    return planning.build(loaded, executor=executor, workdir=ROOT, run_dir=run_dir, interpreter="python3")
 
 
 def test_quickstart_slurm_plan(tmp_path: Path) -> None:
@@ -97,8 +97,10 @@ def test_hostile_values_stay_inert_when_the_script_runs(tmp_path: Path) -> None:
     ]
     loaded = load_experiment(QUICKSTART, overrides)
     run_dir = submitter.new_run_dir(loaded.experiment.output_dir, loaded.experiment.name)
-    plan = planning.build(loaded, executor="slurm", workdir=ROOT, run_dir=run_dir, python="python3")
+    plan = planning.build(loaded, executor="slurm", workdir=ROOT, run_dir=run_dir, interpreter="python3")
     script = submitter.sbatch_script(plan)
+    run_dir.mkdir(parents=True)  # as submit() does; the script's attempt records go there
+    (run_dir / "config.yaml").write_text("requeue: {}\n")
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     record = tmp_path / "srun-argv.json"
@@ -113,13 +115,20 @@ def test_hostile_values_stay_inert_when_the_script_runs(tmp_path: Path) -> None:
     argv = json.loads(record.read_text())
     assert argv[-1] == str(run_dir / "logs")  # the hostile path arrives as one intact argument
     assert argv[argv.index("--output") + 1] == str(run_dir / "logs" / "%j_%t_log.out")
+    records = [json.loads(line) for line in (run_dir / "attempts.jsonl").read_text().splitlines()]
+    assert [(r["event"], r.get("reason")) for r in records] == [("begin", None), ("end", "completed")]
 
 
 def test_local_plan_notes(tmp_path: Path) -> None:
     plan = make_plan(
         QUICKSTART, ["resources.gpus_per_node=2", "resources.tasks_per_node=null"], tmp_path, "local"
     )
-    assert plan.parameters == {"tasks_per_node": 4, "timeout_min": 10, "gpus_per_node": 0}
+    assert plan.parameters == {
+        "tasks_per_node": 4,
+        "timeout_min": 10,
+        "gpus_per_node": 0,
+        "signal_delay_s": 120,
+    }
     assert any("ignored by the local executor" in note for note in plan.notes)
     env = planning.preview_env(plan, 3)
     assert env["MASTER_ADDR"] == "127.0.0.1" and env["WORLD_SIZE"] == "4" and "SLURMDDP_DEVICE" not in env

@@ -1,0 +1,231 @@
+"""The batch script's side of requeueing: record every attempt, decide whether to requeue, requeue.
+
+    python -m slurmddp.attempts begin RUN_DIR           (before srun)
+    python -m slurmddp.attempts end RUN_DIR STATUS      (after srun, with srun's exit status)
+
+It runs in the batch script, on the job's first node and outside any container the ranks may run
+in, so `squeue`/`scontrol` are at hand even when the ranks' image lacks them. The history lives in
+RUN_DIR/attempts.jsonl, one JSON record per line, not in a pickle: sacct shows only a job's last
+allocation, and this log is what `status` and the budgets read.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from slurmddp import yamlio
+
+ATTEMPTS = "attempts.jsonl"
+INTERRUPT = "interrupt.json"
+STOP = "stop.json"
+FAILURE = "failure.json"
+PROGRESS = "progress.json"
+CONFIG = "config.yaml"
+EXIT_FINISHED = 3
+"""`begin`'s status when the run already ended for good: the batch script exits without srun."""
+
+Squeue = Callable[[str], str]
+
+
+@dataclass(frozen=True)
+class Decision:
+    reason: str
+    """completed, preemption, timeout or failure."""
+    step: int | None
+    requeue: bool
+    message: str
+
+
+def read_attempts(run_dir: Path) -> list[dict[str, Any]]:
+    path = run_dir / ATTEMPTS
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _append(run_dir: Path, record: dict[str, Any]) -> None:
+    with (run_dir / ATTEMPTS).open("a") as handle:
+        handle.write(json.dumps(record, sort_keys=True) + "\n")
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+def _attempt_id(env: Mapping[str, str]) -> dict[str, Any]:
+    return {"job_id": env.get("SLURM_JOB_ID", ""), "restart_count": int(env.get("SLURM_RESTART_COUNT") or 0)}
+
+
+def begin(run_dir: Path, env: Mapping[str, str], now: float) -> int:
+    """Record the start of an attempt (and the silent end of a previous one that was killed)."""
+    records = read_attempts(run_dir)
+    ends = [r for r in records if r["event"] == "end"]
+    if ends and ends[-1].get("final"):
+        print(
+            f"slurmddp: this run already ended ({ends[-1]['message']}); not starting again", file=sys.stderr
+        )
+        return EXIT_FINISHED
+    begins = [r for r in records if r["event"] == "begin"]
+    if len(begins) > len(ends):
+        # The previous attempt's batch script was killed before it could say how it ended
+        # (e.g. preempted past GraceTime): Slurm requeued it by itself.
+        _append(
+            run_dir,
+            {
+                "event": "end",
+                "attempt": len(begins) - 1,
+                "reason": "killed",
+                "time": now,
+                "step": _progress_step(run_dir),
+                "requeue": True,
+                "final": False,
+                "message": "the batch script was killed before the attempt ended",
+            },
+        )
+    _append(
+        run_dir,
+        {
+            "event": "begin",
+            "attempt": len(begins),
+            "time": now,
+            "host": socket.gethostname(),
+            "nodes": env.get("SLURM_JOB_NODELIST", ""),
+            **_attempt_id(env),
+        },
+    )
+    return 0
+
+
+def decide(run_dir: Path, status: int, env: Mapping[str, str], squeue: Squeue) -> Decision:
+    """How this attempt ended and whether the job goes around again."""
+    me = _attempt_id(env)
+    stop = _this_attempt(run_dir / STOP, me)
+    budgets = _budgets(run_dir)
+    history = [r for r in read_attempts(run_dir) if r["event"] == "end"]
+    if stop is None and status == 0:
+        return Decision("completed", _progress_step(run_dir), False, "completed")
+    if stop is not None:
+        reason = _classify(run_dir, me, env, squeue)
+        step = stop.get("step")
+    else:
+        reason = "failure"
+        failure = _this_attempt(run_dir / FAILURE, me)
+        step = failure["step"] if failure else _progress_step(run_dir)
+        earlier = [r for r in history if r["reason"] == "failure"]
+        if earlier and step is not None and earlier[-1].get("step") == step:
+            return Decision(reason, step, False, f"crashed at step {step} twice in a row: not retrying")
+    allowed = budgets[reason]
+    used = sum(1 for r in history if r["reason"] == reason) + 1
+    if allowed >= 0 and used > allowed:
+        return Decision(
+            reason, step, False, f"{reason} budget spent ({used - 1} requeues of {allowed} allowed)"
+        )
+    where = f" at step {step}" if step is not None else ""
+    return Decision(reason, step, True, f"{reason}{where}; requeue {used} (budget {_budget_text(allowed)})")
+
+
+def end(run_dir: Path, status: int, env: Mapping[str, str], now: float, squeue: Squeue) -> int:
+    decision = decide(run_dir, status, env, squeue)
+    attempts = [r for r in read_attempts(run_dir) if r["event"] == "begin"]
+    _append(
+        run_dir,
+        {
+            "event": "end",
+            "attempt": max(0, len(attempts) - 1),
+            "reason": decision.reason,
+            "step": decision.step,
+            "status": status,
+            "time": now,
+            "requeue": decision.requeue,
+            "final": not decision.requeue,
+            "message": decision.message,
+            **_attempt_id(env),
+        },
+    )
+    print(f"slurmddp: attempt ended: {decision.message}", file=sys.stderr)
+    if not decision.requeue:
+        return 0 if decision.reason == "completed" else 1
+    target = requeue_target(env)
+    proc = subprocess.run(["scontrol", "requeue", target], capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        # The job may already be on its way back (a preemption in REQUEUE mode requeues by itself).
+        print(f"slurmddp: scontrol requeue {target}: {proc.stderr.strip()}", file=sys.stderr)
+    return 0
+
+
+def requeue_target(env: Mapping[str, str]) -> str:
+    """The id to requeue: one array task, not the whole array (`scontrol requeue ARRAYID` takes all)."""
+    if env.get("SLURM_ARRAY_JOB_ID") and env.get("SLURM_ARRAY_TASK_ID"):
+        return f"{env['SLURM_ARRAY_JOB_ID']}_{env['SLURM_ARRAY_TASK_ID']}"
+    return env.get("SLURM_JOB_ID", "")
+
+
+def squeue_preempt_time(job_id: str) -> str:
+    proc = subprocess.run(["squeue", "-h", "-j", job_id, "-O", "PreemptTime"], capture_output=True, text=True)
+    return proc.stdout.strip() if proc.returncode == 0 else ""
+
+
+def _classify(run_dir: Path, me: Mapping[str, Any], env: Mapping[str, str], squeue: Squeue) -> str:
+    """Preemption or time limit, from what Slurm says, not from elapsed time.
+
+    slurmctld sets a job's PreemptTime when it picks the job for preemption (seen on 22.05.8);
+    a job signalled for its time limit has none. `slurmddp interrupt` names the reason itself.
+    """
+    forced = _this_attempt(run_dir / INTERRUPT, me)
+    if forced is not None:
+        return str(forced["reason"])
+    preempt_time = squeue(requeue_target(env) or env.get("SLURM_JOB_ID", ""))
+    return "preemption" if preempt_time not in ("", "None", "N/A", "Unknown") else "timeout"
+
+
+def _this_attempt(path: Path, me: Mapping[str, Any]) -> dict[str, Any] | None:
+    """A record written during this attempt (same job, same restart count), else None."""
+    try:
+        record: dict[str, Any] = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    mine = (
+        str(record.get("job_id")) == str(me["job_id"]) and record.get("restart_count") == me["restart_count"]
+    )
+    return record if mine else None
+
+
+def _progress_step(run_dir: Path) -> int | None:
+    try:
+        return int(json.loads((run_dir / PROGRESS).read_text())["step"])
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def _budgets(run_dir: Path) -> dict[str, int]:
+    config = yamlio.load((run_dir / CONFIG).read_text())
+    section = config.get("requeue", {}) if isinstance(config, dict) else {}
+    return {
+        "timeout": int(section.get("max_timeouts", 20)),
+        "preemption": int(section.get("max_preemptions", -1)),
+        "failure": int(section.get("max_failures", 3)),
+    }
+
+
+def _budget_text(allowed: int) -> str:
+    return "unlimited" if allowed < 0 else str(allowed)
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) == 2 and argv[0] == "begin":
+        return begin(Path(argv[1]), os.environ, time.time())
+    if len(argv) == 3 and argv[0] == "end":
+        return end(Path(argv[1]), int(argv[2]), os.environ, time.time(), squeue_preempt_time)
+    print("usage: python -m slurmddp.attempts begin RUN_DIR | end RUN_DIR STATUS", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

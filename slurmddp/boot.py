@@ -1,0 +1,31 @@
+"""The first code a task runs: `python -u -m slurmddp.boot -u -m submitit.core._submit FOLDER`
+(submitit appends its own `-u -m submitit.core._submit FOLDER` to the interpreter command).
+
+It installs the stop-signal flag before anything heavy is imported, then hands over to submitit's
+job runner. submitit's runner installs handlers of its own just before it calls the rank, and the
+rank puts ours back first thing; until then a signal is recorded, not fatal.
+"""
+
+from __future__ import annotations
+
+import os
+import runpy
+import sys
+
+from slurmddp import signals
+
+STOP_SIGNALS_ENV = "SLURMDDP_STOP_SIGNALS"
+
+
+def main(argv: list[str]) -> None:
+    signals.install(tuple(os.environ.get(STOP_SIGNALS_ENV, "USR2,TERM").split(",")))
+    if argv[:1] == ["-u"]:
+        argv = argv[1:]  # already in effect: the interpreter was started with -u
+    if argv[:1] != ["-m"] or len(argv) < 2:
+        raise SystemExit("usage: python -u -m slurmddp.boot [-u] -m MODULE [ARGS...]")
+    sys.argv = [argv[1], *argv[2:]]
+    runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

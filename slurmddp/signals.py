@@ -1,0 +1,35 @@
+"""The stop-signal flag of a rank. The handler only records the signal: saving or communicating
+inside a handler can deadlock or corrupt (a handler may run in the middle of a collective or of a
+torch.save); the training loop acts on the flag at the next step boundary.
+
+Stdlib only: it is installed before torch and the user's code are imported, because a signal that
+lands before any handler kills the rank (USR2's default action is to terminate).
+"""
+
+from __future__ import annotations
+
+import signal
+from types import FrameType
+
+_received: int | None = None
+
+
+def _record(signum: int, frame: FrameType | None) -> None:
+    global _received
+    if _received is None:
+        _received = signum
+
+
+def install(names: tuple[str, ...]) -> None:
+    """Route each named signal (e.g. "USR2", "TERM") to the flag."""
+    for name in names:
+        signal.signal(getattr(signal, f"SIG{name}"), _record)
+
+
+def received() -> int | None:
+    """The first stop signal this process got, if any."""
+    return _received
+
+
+def name(signum: int) -> str:
+    return signal.Signals(signum).name
