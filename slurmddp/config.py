@@ -21,7 +21,7 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from slurmddp import yamlio
+from slurmddp import nccl, yamlio
 from slurmddp.errors import ConfigError
 from slurmddp.slurmtime import parse_time
 
@@ -29,7 +29,6 @@ EXECUTORS = ("auto", "slurm", "local")
 BACKENDS = ("auto", "nccl", "gloo")
 GPU_BINDINGS = ("node", "task")
 SIGNALS = ("USR1", "USR2", "TERM", "INT", "HUP")
-FABRIC_PROFILES = ("auto", "infiniband", "roce", "efa", "tcp", "none")
 PROFILE_PATH_ENV = "SLURMDDP_PROFILE_PATH"
 
 # A value that reaches an `#SBATCH` line must stay on that line: submitit quotes values with
@@ -215,7 +214,7 @@ class Fabric:
     """Environment variables for every rank (NCCL_*, GLOO_*, ...); they win over anything derived."""
 
     def __post_init__(self) -> None:
-        _one_of("fabric.profile", self.profile, FABRIC_PROFILES)
+        _one_of("fabric.profile", self.profile, nccl.PROFILES)
         for key in self.env:
             if not _ENV_NAME.match(key):
                 raise ConfigError(f"fabric.env: {key!r} is not a valid environment variable name")

@@ -11,7 +11,6 @@ stop (or save) at the same step, one step after the signal.
 
 from __future__ import annotations
 
-import random
 import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -83,6 +82,8 @@ class TrainLoop:
         self._resume()
 
     def _resume(self) -> None:
+        from slurmddp.checkpoint import restore_rng_state
+
         info = self.store.latest()
         if info is None:
             return
@@ -90,7 +91,7 @@ class TrainLoop:
         for name, obj in self.objects.items():
             obj.load_state_dict(shared[name])
         self.extra.update(shared.get("extra", {}))
-        _set_rng_state(local["rng"])
+        restore_rng_state(local["rng"])
         self.step = self._saved_step = self.first_step = info.step
         if self.rank == 0:
             print(f"slurmddp: resumed from {info.path} at step {info.step}", flush=True)
@@ -105,6 +106,8 @@ class TrainLoop:
 
     def save(self) -> None:
         """Checkpoint the state after `self.step` steps (every rank must call it at the same step)."""
+        from slurmddp.checkpoint import capture_rng_state
+
         if self._saved_step == self.step:
             return
         started = time.perf_counter()
@@ -112,7 +115,7 @@ class TrainLoop:
         if self.rank == 0:
             shared = {name: obj.state_dict() for name, obj in self.objects.items()}
             shared["extra"] = dict(self.extra)
-        self.store.save(self.step, shared, {"rng": _rng_state()})
+        self.store.save(self.step, shared, {"rng": capture_rng_state()})
         self.store.prune()
         self.last_save_s = time.perf_counter() - started
         self._saved_at = time.monotonic()
@@ -168,28 +171,3 @@ class TrainLoop:
                 **self.attempt,
             }
             write_json(self.run_dir / STOP_FILE, record)
-
-
-def _rng_state() -> dict[str, Any]:
-    import numpy as np
-    import torch
-
-    state: dict[str, Any] = {
-        "torch": torch.get_rng_state(),
-        "python": random.getstate(),
-        "numpy": np.random.get_state(),
-    }
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def _set_rng_state(state: Mapping[str, Any]) -> None:
-    import numpy as np
-    import torch
-
-    torch.set_rng_state(state["torch"])
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])

@@ -59,6 +59,7 @@ def build(loaded: Loaded, *, executor: str, workdir: Path, run_dir: Path, interp
         backend=exp.dist.backend,
         timeout_s=exp.dist.timeout_s,
         env=rank_env(exp),
+        fabric_profile=exp.fabric.profile,
         stop_signals=stop_signals(exp),
         executor=executor,
     )

@@ -29,6 +29,7 @@ class RankSpec:
     backend: str
     timeout_s: int
     env: dict[str, str]
+    fabric_profile: str
     stop_signals: tuple[str, ...]
     executor: str
     """`slurm` or `local`: how a stopped rank asks to be run again."""

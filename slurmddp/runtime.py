@@ -18,7 +18,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from slurmddp import distenv, signals
+from slurmddp import distenv, nccl, signals
 from slurmddp.attempts import FAILURE as FAILURE_FILE
 from slurmddp.attempts import STOP as STOP_FILE
 from slurmddp.context import RunContext
@@ -30,6 +30,8 @@ from slurmddp.loop import StopForRequeue
 from slurmddp.rank import RankSpec
 
 RESULT_FILE = "result.json"
+SYSFS_ENV = "SLURMDDP_SYSFS"
+"""Where fabric detection reads sysfs; tests point it at fake trees."""
 # submitit's local controller reruns every task when one exits with this status (submitit 1.5).
 LOCAL_REQUEUE_STATUS = 144
 
@@ -45,6 +47,7 @@ def run_rank(spec: RankSpec) -> Any:
     dist = distenv.derive(os.environ, port=spec.port)
     # Before torch is imported: OMP_NUM_THREADS and NCCL_* are read at import / init time.
     os.environ.update(distenv.rank_env(dist))
+    os.environ.update(fabric_env(spec, dist))
     os.environ.update(spec.env)
     os.environ["SLURMDDP_RUN_DIR"] = spec.run_dir
     os.chdir(spec.workdir)
@@ -54,6 +57,25 @@ def run_rank(spec: RankSpec) -> Any:
         return _run_script(spec, dist)
     assert spec.function is not None
     return _run_function(spec, dist, load_function(spec.function))
+
+
+def fabric_env(spec: RankSpec, dist: DistEnv) -> dict[str, str]:
+    """NCCL settings for this node's fabric, detected here: the login node's hardware is not the
+    compute nodes'. CPU ranks (gloo) skip it unless a profile is named explicitly."""
+    if spec.fabric_profile == "none" or (spec.fabric_profile == "auto" and dist.device_index is None):
+        return {}
+    fabric = nccl.detect(Path(os.environ.get(SYSFS_ENV, "/sys")))
+    try:
+        env = nccl.nccl_env(fabric, spec.fabric_profile, spec.env)
+    except SlurmddpError as exc:
+        raise type(exc)(f"{socket.gethostname()}: {exc}") from None
+    # The flight recorder's dump on a collective timeout goes next to the run, not to /tmp.
+    env.setdefault("TORCH_FR_DUMP_TEMP_FILE", str(Path(spec.run_dir) / "nccl_trace" / "rank_"))
+    (Path(spec.run_dir) / "nccl_trace").mkdir(exist_ok=True)
+    if dist.local_rank == 0:
+        shown = " ".join(f"{key}={value}" for key, value in sorted(env.items()))
+        print(f"slurmddp: {socket.gethostname()}: {nccl.describe(fabric)}; {shown}", flush=True)
+    return env
 
 
 def load_function(target: str) -> Callable[[RunContext], Any]:

@@ -91,7 +91,9 @@ def test_malformed_yaml_names_line_and_column(tmp_path: Path) -> None:
 
 
 def test_duplicate_key_is_an_error(tmp_path: Path) -> None:
-    assert "duplicate key 'nodes'" in error(write(tmp_path, BASE.replace("  nodes: 2\n", "  nodes: 2\n  nodes: 3\n")))
+    assert "duplicate key 'nodes'" in error(
+        write(tmp_path, BASE.replace("  nodes: 2\n", "  nodes: 2\n  nodes: 3\n"))
+    )
 
 
 def test_unknown_key_suggests_closest(tmp_path: Path) -> None:

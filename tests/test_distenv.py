@@ -35,7 +35,9 @@ def test_every_rank_variable_of_a_two_by_two_job() -> None:
 
 
 def test_step_lists_win_over_the_job_lists() -> None:
-    env = slurm(0, 0, 0, SLURM_STEP_NODELIST="gpu-a08", SLURM_STEP_NUM_TASKS="1", SLURM_STEP_TASKS_PER_NODE="1")
+    env = slurm(
+        0, 0, 0, SLURM_STEP_NODELIST="gpu-a08", SLURM_STEP_NUM_TASKS="1", SLURM_STEP_TASKS_PER_NODE="1"
+    )
     dist = distenv.derive(env)
     assert (dist.master_addr, dist.world_size, dist.local_world_size) == ("gpu-a08", 1, 1)
 

@@ -1,0 +1,409 @@
+"""CheckpointStore: round trips, completeness rules, keep-last-K, async snapshots, and real SIGKILLs."""
+
+from __future__ import annotations
+
+import collections
+import logging
+import multiprocessing
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Mapping
+from multiprocessing.synchronize import Event
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from slurmddp.checkpoint import (
+    META_FILE,
+    SHARED_FILE,
+    CheckpointError,
+    CheckpointInfo,
+    CheckpointStore,
+    capture_rng_state,
+    default_attempt_id,
+    marker_name,
+    rank_file_name,
+    restore_rng_state,
+    step_dir_name,
+)
+
+
+def assert_same(actual: Any, expected: Any, where: str = "state") -> None:
+    """Equal values, tensors compared exactly, containers of the same kind."""
+    if isinstance(expected, torch.Tensor):
+        assert isinstance(actual, torch.Tensor), where
+        assert actual.dtype == expected.dtype and torch.equal(actual, expected), where
+    elif isinstance(expected, Mapping):
+        assert isinstance(actual, Mapping) and actual.keys() == expected.keys(), where
+        for key in expected:
+            assert_same(actual[key], expected[key], f"{where}[{key!r}]")
+    elif isinstance(expected, (list, tuple)):
+        assert type(actual) is type(expected) and len(actual) == len(expected), where
+        for i, (a, e) in enumerate(zip(actual, expected, strict=True)):
+            assert_same(a, e, f"{where}[{i}]")
+    else:
+        assert actual == expected, where
+
+
+def trained_state() -> tuple[torch.nn.Module, torch.optim.Optimizer, dict[str, Any]]:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.01)
+    for _ in range(3):
+        optimizer.zero_grad()
+        model(torch.randn(4, 8)).sum().backward()
+        optimizer.step()
+    shared = {
+        "model": model.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "sampler": {"epoch": 2, "consumed": 48},
+        "extra": {"best": 0.25, "tags": ["a", "b"], "shape": torch.Size([2, 3])},
+    }
+    return model, optimizer, shared
+
+
+def save_all(root: Path, step: int, world_size: int, attempt: str = "a", value: float = 0.0) -> None:
+    """Every rank saves `step`: shared = {"v": value}, local = {"rank": r, "v": value}."""
+    for rank in reversed(range(world_size)):
+        store = CheckpointStore(root, rank, world_size, attempt=attempt)
+        shared = {"v": torch.tensor([value])} if rank == 0 else None
+        store.save(step, shared, {"rank": rank, "v": torch.tensor([value])})
+
+
+@pytest.mark.parametrize("async_save", [False, True])
+def test_model_and_optimizer_round_trip(tmp_path: Path, async_save: bool) -> None:
+    model, optimizer, shared = trained_state()
+    stores = [CheckpointStore(tmp_path, r, 2, async_save=async_save, attempt="a") for r in range(2)]
+    locals_ = [{"rng": capture_rng_state(), "rank": r} for r in range(2)]
+    for store, local in zip(stores, locals_, strict=True):
+        store.save(7, shared if store.rank == 0 else None, local)
+    for store in stores:
+        store.wait()
+
+    for store, local in zip(stores, locals_, strict=True):
+        info = store.latest()
+        assert info is not None and info.step == 7 and info.world_size == 2
+        assert info.path == tmp_path / "step-00000007"
+        loaded_shared, loaded_local = store.load(info)
+        assert_same(loaded_shared, shared)
+        assert_same(loaded_local, local)
+
+    # And it goes back into fresh objects.
+    fresh_model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2))
+    fresh_optimizer = torch.optim.AdamW(fresh_model.parameters(), lr=0.5)
+    loaded_shared, _ = stores[0].load(stores[0].latest())  # type: ignore[arg-type]
+    fresh_model.load_state_dict(loaded_shared["model"])
+    fresh_optimizer.load_state_dict(loaded_shared["optimizer"])
+    assert_same(fresh_model.state_dict(), model.state_dict())
+    assert_same(fresh_optimizer.state_dict(), optimizer.state_dict())
+
+
+def test_layout_on_disk(tmp_path: Path) -> None:
+    save_all(tmp_path, 1234, 3)
+    step = tmp_path / "step-00001234"
+    assert sorted(p.name for p in step.iterdir()) == [
+        "meta.json",
+        "rank-00000.done",
+        "rank-00000.pt",
+        "rank-00001.done",
+        "rank-00001.pt",
+        "rank-00002.done",
+        "rank-00002.pt",
+        "shared.pt",
+    ]
+
+
+def test_only_complete_checkpoints_count(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    save_all(tmp_path, 1, 2)
+    # Step 2: rank 0 done, rank 1 not (yet).
+    CheckpointStore(tmp_path, 0, 2, attempt="a").save(2, {"v": torch.ones(1)}, {"rank": 0})
+    store = CheckpointStore(tmp_path, 1, 2, attempt="a")
+    with caplog.at_level(logging.WARNING):
+        info = store.latest()
+    assert info is not None and info.step == 1
+    assert "step-00000002" in caplog.text and "no completion marker from rank 1" in caplog.text
+
+
+def test_latest_skips_missing_marker_truncated_file_and_wrong_world_size(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    for step in (1, 2, 3, 4):
+        save_all(tmp_path, step, 2)
+    (tmp_path / step_dir_name(4) / marker_name(1)).unlink()
+    shared = tmp_path / step_dir_name(3) / SHARED_FILE
+    shared.write_bytes(shared.read_bytes()[:-10])
+    store = CheckpointStore(tmp_path, 0, 2)
+    with caplog.at_level(logging.WARNING):
+        info = store.latest()
+    assert info is not None and info.step == 2
+    assert f"{tmp_path / step_dir_name(4)}: no completion marker from rank 1" in caplog.text
+    assert f"{tmp_path / step_dir_name(3)}: shared.pt has" in caplog.text and "truncated" in caplog.text
+
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        assert CheckpointStore(tmp_path, 0, 4).latest() is None
+    assert "written by 2 ranks; this job has 4" in caplog.text
+
+
+def test_missing_meta_and_mixed_attempts_do_not_count(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    save_all(tmp_path, 1, 2)
+    save_all(tmp_path, 2, 2)
+    (tmp_path / step_dir_name(2) / META_FILE).unlink()
+    # Rank 1's part of step 3 from attempt "old", rank 0's from attempt "new".
+    CheckpointStore(tmp_path, 1, 2, attempt="old").save(3, None, {"v": 1})
+    CheckpointStore(tmp_path, 0, 2, attempt="new").save(3, {"v": 2}, {"v": 2})
+    with caplog.at_level(logging.WARNING):
+        info = CheckpointStore(tmp_path, 0, 2).latest()
+    assert info is not None and info.step == 1
+    assert "meta.json is missing" in caplog.text
+    assert "rank-00001.done is from attempt 'old' but meta.json from 'new'" in caplog.text
+
+
+def test_a_damaged_file_of_the_right_size(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    save_all(tmp_path, 1, 1)
+    save_all(tmp_path, 2, 1, value=2.0)
+    local = tmp_path / step_dir_name(2) / rank_file_name(0)
+    data = bytearray(local.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    local.write_bytes(bytes(data))
+    store = CheckpointStore(tmp_path, 0, 1)
+    info = store.latest()  # sizes only: cheap, and the same answer on every rank
+    assert info is not None and info.step == 2
+    with pytest.raises(CheckpointError, match="CRC32"):
+        store.load(info)
+    with caplog.at_level(logging.WARNING):
+        checked = store.latest(verify_checksums=True)
+    assert checked is not None and checked.step == 1 and "corrupt" in caplog.text
+
+
+def test_keep_last_k_and_what_prune_may_delete(tmp_path: Path) -> None:
+    store = CheckpointStore(tmp_path, 0, 2, keep_last=2, attempt="a")
+    for step in range(1, 6):
+        save_all(tmp_path, step, 2)
+        store.prune()
+    assert sorted(p.name for p in tmp_path.iterdir()) == [step_dir_name(4), step_dir_name(5)]
+
+    # An incomplete older one goes; an incomplete newer one may still be written by a slow rank.
+    CheckpointStore(tmp_path, 1, 2, attempt="a").save(3, None, {"v": 3})
+    store.save(7, {"v": 7}, {"v": 7})
+    save_all(tmp_path, 6, 2)
+    CheckpointStore(tmp_path, 1, 2).prune()  # not rank 0: nothing happens
+    assert (tmp_path / step_dir_name(3)).exists()
+    store.prune()
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        step_dir_name(5),
+        step_dir_name(6),
+        step_dir_name(7),
+    ]
+
+    # A complete checkpoint of another world size is not ours to delete.
+    save_all(tmp_path, 2, 1)
+    store.prune()
+    assert (tmp_path / step_dir_name(2)).exists()
+
+
+def test_a_step_left_half_written_by_a_dead_attempt_is_replaced(tmp_path: Path) -> None:
+    save_all(tmp_path, 1, 2, attempt="job.0")
+    # Attempt job.0 died saving step 2: rank 1 finished, rank 0 left half a file behind.
+    CheckpointStore(tmp_path, 1, 2, attempt="job.0").save(2, None, {"v": torch.tensor([-1.0])})
+    step2 = tmp_path / step_dir_name(2)
+    (step2 / f".{SHARED_FILE}.tmp").write_bytes(b"half a file")
+    # Attempt job.1 resumed from step 1 and saves step 2 again; rank 0 first.
+    CheckpointStore(tmp_path, 0, 2, attempt="job.1").save(
+        2, {"v": torch.tensor([2.0])}, {"v": torch.tensor([2.0])}
+    )
+    reader = CheckpointStore(tmp_path, 1, 2)
+    assert reader.latest().step == 1  # type: ignore[union-attr]  # rank 1's marker is job.0's
+    CheckpointStore(tmp_path, 1, 2, attempt="job.1").save(2, None, {"v": torch.tensor([2.0])})
+    info = reader.latest()
+    assert info is not None and info.step == 2
+    assert_same(reader.load(info), ({"v": torch.tensor([2.0])}, {"v": torch.tensor([2.0])}))
+    assert not (step2 / f".{SHARED_FILE}.tmp").exists()
+
+
+def test_a_complete_step_of_another_attempt_is_kept(tmp_path: Path) -> None:
+    save_all(tmp_path, 5, 2, attempt="job.0", value=1.0)
+    save_all(tmp_path, 5, 2, attempt="job.1", value=2.0)
+    store = CheckpointStore(tmp_path, 1, 2)
+    info = store.latest()
+    assert info is not None
+    assert_same(store.load(info)[1], {"rank": 1, "v": torch.tensor([1.0])})
+
+
+def test_state_that_would_not_load_back_is_refused_at_save(tmp_path: Path) -> None:
+    store = CheckpointStore(tmp_path, 0, 1)
+    point = collections.namedtuple("point", "x y")
+    bad: list[tuple[Any, str]] = [
+        (
+            {"rng": {"numpy": np.random.get_state()}},
+            r"shared\['rng'\]\['numpy'\]\[1\]: a numpy.ndarray .*capture_rng_state",
+        ),
+        ({"p": point(1, 2)}, r"shared\['p'\]: a .*point cannot be read back"),
+        ({"d": collections.defaultdict(int)}, r"shared\['d'\]: a collections.defaultdict"),
+        ({"f": lambda: 0}, r"shared\['f'\]: a function"),
+    ]
+    for shared, message in bad:
+        with pytest.raises(CheckpointError, match=message):
+            store.save(1, shared, {})
+    assert not list(tmp_path.iterdir())
+
+
+def test_rng_state_round_trips_through_a_checkpoint(tmp_path: Path) -> None:
+    store = CheckpointStore(tmp_path, 0, 1)
+    random.seed(1)
+    np.random.seed(2)
+    torch.manual_seed(3)
+    np.random.standard_normal()  # leaves a cached gaussian in numpy's state
+    store.save(1, {}, {"rng": capture_rng_state()})
+    expected = (random.random(), np.random.standard_normal(3).tolist(), torch.rand(3).tolist())
+    restore_rng_state(store.load(store.latest())[1]["rng"])  # type: ignore[arg-type]
+    assert (random.random(), np.random.standard_normal(3).tolist(), torch.rand(3).tolist()) == expected
+
+
+def test_async_save_keeps_the_values_of_save_time(tmp_path: Path) -> None:
+    store = CheckpointStore(tmp_path, 0, 1, async_save=True)
+    weights = torch.arange(1_000_000, dtype=torch.float32)
+    history = [1, 2]
+    for step in (1, 2, 3):  # steps 2 and 3 copy into the CPU buffers of the save before
+        store.save(step, {"w": weights, "history": history}, {"step": step})
+        weights.add_(1000.0)  # training changes everything right after save() returns
+        history.append(step)
+    store.wait()
+    assert sorted(p.name for p in tmp_path.iterdir()) == [step_dir_name(s) for s in (1, 2, 3)]
+    for step in (1, 2, 3):
+        info = CheckpointInfo(step=step, path=tmp_path / step_dir_name(step), world_size=1, written_at=0.0)
+        shared, local = store.load(info)
+        assert torch.equal(shared["w"], torch.arange(1_000_000, dtype=torch.float32) + 1000.0 * (step - 1))
+        assert shared["history"] == [1, 2, *range(1, step)] and local == {"step": step}
+
+
+def test_async_errors_come_back_from_wait(tmp_path: Path) -> None:
+    # A file where the step directory goes (tests run as root here, which ignores chmod).
+    (tmp_path / step_dir_name(3)).write_text("a file where the step directory goes")
+    store = CheckpointStore(tmp_path, 0, 1, async_save=True)
+    store.wait()  # nothing pending: fine
+    store.save(3, {"w": torch.ones(3)}, {})
+    with pytest.raises(CheckpointError, match=r"rank 0: cannot write checkpoint .*step-00000003"):
+        store.wait()
+    store.wait()  # reported once
+    # The next save works, and a failure also surfaces from the save() that waits for it.
+    store.save(4, {"w": torch.ones(3)}, {})
+    store.wait()
+    store.save(3, {"w": torch.ones(3)}, {})
+    with pytest.raises(CheckpointError):
+        store.save(5, {"w": torch.ones(3)}, {})
+    sync = CheckpointStore(tmp_path, 0, 1)
+    with pytest.raises(CheckpointError, match="cannot write checkpoint"):
+        sync.save(3, {}, {})
+
+
+def test_a_pending_async_save_is_finished_when_the_main_thread_ends(tmp_path: Path) -> None:
+    # wait() is the contract, but a save left running must not be cut (nor fail) at exit.
+    code = (
+        "import sys, torch; from pathlib import Path; from slurmddp.checkpoint import CheckpointStore\n"
+        "store = CheckpointStore(Path(sys.argv[1]), 0, 1, async_save=True, attempt='x')\n"
+        "store.save(1, {'w': torch.ones(5_000_000)}, {})\n"
+    )
+    subprocess.run([sys.executable, "-c", code, str(tmp_path)], check=True, timeout=120)
+    store = CheckpointStore(tmp_path, 0, 1)
+    info = store.latest()
+    assert info is not None and torch.equal(store.load(info)[0]["w"], torch.ones(5_000_000))
+
+
+def test_attempt_id_from_the_environment() -> None:
+    assert default_attempt_id({"SLURM_JOB_ID": "42"}) == "slurm-42.0"
+    assert default_attempt_id({"SLURM_JOB_ID": "42", "SLURM_RESTART_COUNT": "3"}) == "slurm-42.3"
+    assert default_attempt_id({"SUBMITIT_LOCAL_JOB_ID": "999"}) == "local-999"
+    assert default_attempt_id({"TORCHELASTIC_RUN_ID": "none"}) is None
+    assert default_attempt_id({}) is None
+
+
+# -- SIGKILL at random moments of saving -----------------------------------------------------------------
+
+KILL_N = 2_000_000  # floats: 8 MB of weights + 8 MB of momentum in shared.pt, 4 MB per rank file
+
+
+def kill_shared(step: int) -> dict[str, Any]:
+    return {
+        "model": {"w": torch.arange(KILL_N, dtype=torch.float32) + step},
+        "optimizer": {"state": {0: {"momentum_buffer": torch.full((KILL_N,), float(step))}}},
+        "step": step,
+    }
+
+
+def kill_local(step: int, rank: int) -> dict[str, Any]:
+    return {"rng": torch.full((KILL_N // 2,), step * 10.0 + rank), "step": step, "rank": rank}
+
+
+def save_until_killed(root: str, attempt: str, start: int, started: Event) -> None:
+    """Two ranks (threads) of one attempt: rank 0 saves async and prunes, rank 1 saves sync; a
+    barrier per step stands in for the training loop's collectives."""
+    stores = [
+        CheckpointStore(Path(root), r, 2, keep_last=2, async_save=r == 0, attempt=attempt) for r in range(2)
+    ]
+    barrier = threading.Barrier(2)
+
+    def rank_loop(rank: int) -> None:
+        step = start
+        while True:
+            stores[rank].save(step, kill_shared(step) if rank == 0 else None, kill_local(step, rank))
+            if rank == 0:
+                stores[rank].prune()
+            barrier.wait()
+            started.set()
+            step += 1
+
+    threads = [threading.Thread(target=rank_loop, args=(r,)) for r in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+
+def test_sigkill_at_random_moments_leaves_a_loadable_checkpoint(tmp_path: Path) -> None:
+    # forkserver with torch preloaded: each victim starts in ~0.1 s instead of a 3 s torch import,
+    # and is a fresh fork of a process that never ran an OpenMP region (fork-safe).
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(["torch", "slurmddp.checkpoint"])
+    chooser = random.Random(20240611)
+    newest = -1
+    rewrites = 0
+    for attempt in range(7):
+        start = newest + 1
+        rewrites += (tmp_path / step_dir_name(start)).exists()
+        started = context.Event()
+        victim = context.Process(
+            target=save_until_killed, args=(str(tmp_path), f"job.{attempt}", start, started)
+        )
+        victim.start()
+        assert started.wait(60), "the saving process did not get going"
+        threading.Event().wait(chooser.uniform(0.0, 0.6))
+        assert victim.pid is not None
+        os.kill(victim.pid, signal.SIGKILL)
+        victim.join()
+        assert victim.exitcode == -signal.SIGKILL
+
+        for rank in range(2):
+            info = CheckpointStore(tmp_path, rank, 2).latest()
+            if info is None:  # killed before the first save of the run was complete
+                assert newest == -1
+                continue
+            # Never behind the checkpoint that was complete before this attempt.
+            assert info.step >= newest
+            shared, local = CheckpointStore(tmp_path, rank, 2).load(info)
+            assert_same(shared, kill_shared(info.step), f"shared of step {info.step}")
+            assert_same(local, kill_local(info.step, rank), f"rank {rank}'s file of step {info.step}")
+        complete = [p for p in tmp_path.iterdir() if p.name.startswith("step-") and (p / META_FILE).exists()]
+        assert len(complete) <= 4  # keep_last 2 + one finished since the last prune + one in progress
+        newest = info.step if info is not None else newest
+    assert newest > 7
+    assert rewrites >= 1, "no kill left a half-written step behind to be replaced"

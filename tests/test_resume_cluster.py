@@ -1,0 +1,215 @@
+"""Preemption, time limits and crashes on the real cluster: every run ends with the parameters of the
+uninterrupted run, bit for bit, and loses no step. Driven through `python -m slurmddp` and Slurm."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import wait_for_job
+
+ROOT = Path(__file__).resolve().parents[1]
+QUICKSTART = ROOT / "examples" / "quickstart.yaml"
+STEPS = 1500
+COMMON = [f"train.steps={STEPS}", "train.log_every=100"]
+
+pytestmark = pytest.mark.slurm
+
+
+def submit(env: dict[str, str], out: Path, *overrides: str, experiment: Path = QUICKSTART) -> Path:
+    proc = subprocess.run(
+        [sys.executable, "-m", "slurmddp", "submit", str(experiment), *overrides, f"output_dir={out}"],
+        env=env,
+        cwd=out.parent,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (manifest,) = out.glob("*/*/manifest.json")
+    return manifest.parent
+
+
+def job_id(run: Path) -> str:
+    return str(json.loads((run / "manifest.json").read_text())["job_id"])
+
+
+def progress_step(run: Path) -> int:
+    try:
+        return int(json.loads((run / "progress.json").read_text())["step"])
+    except (OSError, ValueError, KeyError):
+        return -1
+
+
+def wait_until(what: str, check: Callable[[], bool], timeout: float = 180) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise TimeoutError(what)
+        time.sleep(0.2)
+
+
+def attempts(run: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (run / "attempts.jsonl").read_text().splitlines()]
+
+
+def ends(run: Path) -> list[dict[str, Any]]:
+    return [r for r in attempts(run) if r["event"] == "end"]
+
+
+def final_hash(run: Path) -> str:
+    result = json.loads((run / "result.json").read_text())
+    hashes = {r["param_sha256"] for r in result["ranks"]}
+    assert len(hashes) == 1, "ranks disagree"
+    return hashes.pop()
+
+
+def preempt(env: dict[str, str], tmp: Path) -> None:
+    """Submit a job to the high partition that needs every core of every node."""
+    subprocess.run(
+        [
+            "sbatch",
+            "-p",
+            "high",
+            "-N",
+            "3",
+            "--exclusive",
+            "-t",
+            "1",
+            "-o",
+            str(tmp / "high-%j.out"),
+            "--wrap",
+            "sleep 3",
+        ],
+        env=env,
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+
+
+def rank_pid(run: Path, rank: int) -> int:
+    """The PID of one rank's process (a job step task this test's submission started)."""
+    logs = str(run / "logs")
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().split(b"\0")
+            environ = (entry / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        ours = b"submitit.core._submit" in cmdline and logs.encode() in cmdline
+        if ours and f"SLURM_PROCID={rank}".encode() in environ:
+            return int(entry.name)
+    raise LookupError(f"no process for rank {rank} of {run}")
+
+
+@pytest.fixture(scope="module")
+def reference(slurm_env: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The uninterrupted run's final parameter hash."""
+    out = tmp_path_factory.mktemp("reference") / "runs"
+    run = submit(slurm_env, out, *COMMON)
+    assert wait_for_job(job_id(run), slurm_env, timeout=300) == "COMPLETED"
+    return final_hash(run)
+
+
+def test_preempted_twice_resumes_bit_exact(slurm_env: dict[str, str], tmp_path: Path, reference: str) -> None:
+    run = submit(slurm_env, tmp_path / "runs", *COMMON)
+    for threshold in (300, 900):
+        wait_until(f"step {threshold}", lambda t=threshold: progress_step(run) >= t)
+        preempt(slurm_env, tmp_path)
+        count = len(ends(run)) if (run / "attempts.jsonl").exists() else 0
+        wait_until("the preempted attempt to end", lambda c=count: len(ends(run)) > c)
+    assert wait_for_job(job_id(run), slurm_env, timeout=300) == "COMPLETED"
+    records = ends(run)
+    assert [r["reason"] for r in records] == ["preemption", "preemption", "completed"]
+    assert final_hash(run) == reference
+    assert_no_step_lost(run)
+
+
+def assert_no_step_lost(run: Path) -> None:
+    """Each attempt resumed at exactly the step the previous one stopped and saved at."""
+    log = (run / "logs").glob("*_0_log.out")
+    text = "".join(p.read_text() for p in log)
+    resumed = [int(line.rsplit(" ", 1)[1]) for line in text.splitlines() if "resumed from" in line]
+    stopped = [r["step"] for r in ends(run) if r["reason"] in ("preemption", "timeout")]
+    assert resumed == stopped and stopped, (resumed, stopped)
+
+
+def test_time_limit_requeues_on_the_timeout_budget(
+    slurm_env: dict[str, str], tmp_path: Path, reference: str
+) -> None:
+    run = submit(slurm_env, tmp_path / "runs", *COMMON, "resources.time=1", "requeue.signal_lead_s=30")
+    assert wait_for_job(job_id(run), slurm_env, timeout=400) == "COMPLETED"
+    reasons = [r["reason"] for r in ends(run)]
+    assert reasons[-1] == "completed" and set(reasons[:-1]) == {"timeout"}, reasons
+    assert final_hash(run) == reference
+    assert_no_step_lost(run)
+
+
+def test_killed_rank_fails_fast_and_is_retried(
+    slurm_env: dict[str, str], tmp_path: Path, reference: str
+) -> None:
+    run = submit(slurm_env, tmp_path / "runs", *COMMON, "checkpoint.every_steps=200", "dist.timeout_s=60")
+    wait_until("step 500", lambda: progress_step(run) >= 500)
+    killed_at = time.time()
+    os.kill(rank_pid(run, 3), signal.SIGKILL)
+    wait_until("the failed attempt to end", lambda: len(ends(run)) >= 1, timeout=120)
+    first = ends(run)[0]
+    assert first["reason"] == "failure" and first["requeue"] is True
+    assert first["time"] - killed_at < 30, "the surviving ranks hung"
+    assert wait_for_job(job_id(run), slurm_env, timeout=300) == "COMPLETED"
+    assert final_hash(run) == reference
+
+
+def test_kill_during_checkpoint_save_falls_back(slurm_env: dict[str, str], tmp_path: Path) -> None:
+    # A wide model (~270 MB of state) so that a save takes long enough to be caught in the act.
+    run = submit(
+        slurm_env,
+        tmp_path / "runs",
+        "train.steps=40",
+        "train.width=4096",
+        "checkpoint.every_steps=10",
+        "resources.nodes=1",
+        "resources.tasks_per_node=2",
+    )
+    ckpt = run / "checkpoints"
+
+    def saving_second() -> bool:
+        return any(ckpt.glob("step-00000020/*.tmp*")) or any(ckpt.glob("step-00000020/.*"))
+
+    wait_until("the second save to start", saving_second, timeout=300)
+    os.kill(rank_pid(run, 0), signal.SIGKILL)
+    assert wait_for_job(job_id(run), slurm_env, timeout=400) == "COMPLETED"
+    log = "".join(p.read_text() for p in (run / "logs").glob("*_0_log.out"))
+    assert "resumed from" in log and "step-00000010 at step 10" in log, log[-2000:]
+
+
+def test_crash_at_the_same_step_stops(slurm_env: dict[str, str], tmp_path: Path) -> None:
+    (tmp_path / "crash.py").write_text(
+        "import torch\n"
+        "def main(ctx):\n"
+        "    model = ctx.ddp(torch.nn.Linear(4, 4))\n"
+        "    for step in ctx.loop(100, model=model):\n"
+        "        if step == 30:\n"
+        "            raise RuntimeError('bad batch at step 30')\n"
+        "    return {}\n"
+    )
+    exp = tmp_path / "crash.yaml"
+    exp.write_text(
+        "entrypoint: crash.py:main\nresources:\n  tasks_per_node: 2\ncheckpoint:\n  every_steps: 10\n"
+    )
+    run = submit(slurm_env, tmp_path / "runs", "requeue.max_failures=5", experiment=exp)
+    assert wait_for_job(job_id(run), slurm_env, timeout=300) == "FAILED"
+    records = ends(run)
+    assert [(r["reason"], r["step"]) for r in records] == [("failure", 30), ("failure", 30)]
+    assert "crashed at step 30 twice" in records[-1]["message"]
