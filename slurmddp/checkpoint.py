@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, cast
 
 from slurmddp.errors import SlurmddpError
-from slurmddp.fsutil import write_json
+from slurmddp.fsutil import fsync_dir, write_json
 
 if TYPE_CHECKING:
     import torch
@@ -220,13 +220,13 @@ class CheckpointStore:
         if marker.exists():
             # Left by an earlier attempt: it must be gone before this rank's files change under it.
             marker.unlink()
-            _fsync_dir(path)
+            fsync_dir(path)
         files: dict[str, dict[str, Any]] = {}
         if self.rank == 0:
             files[SHARED_FILE] = write_stream_atomic(path / SHARED_FILE, lambda f: torch.save(shared, f))
         own = rank_file_name(self.rank)
         files[own] = write_stream_atomic(path / own, lambda f: torch.save(local, f))
-        _fsync_dir(path)
+        fsync_dir(path)
         if self.rank == 0:
             meta = {
                 "format": FORMAT,
@@ -505,20 +505,12 @@ def _file_crc32(path: Path) -> str:
     return f"{crc:08x}"
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _make_dir(path: Path) -> None:
     if path.is_dir():
         return
     path.mkdir(parents=True, exist_ok=True)
     # The new entry must be durable before anything inside it counts.
-    _fsync_dir(path.parent)
+    fsync_dir(path.parent)
 
 
 def _remove_extra_ranks(path: Path, meta: Mapping[str, Any], world_size: int) -> None:

@@ -166,6 +166,7 @@ class TrainLoop:
             record = {
                 "step": self.step,
                 "signal": signals.name(signum),
+                "signal_at": signals.received_at(),
                 "save_s": round(self.last_save_s, 3),
                 "time": time.time(),
                 **self.attempt,

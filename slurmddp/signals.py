@@ -9,15 +9,17 @@ lands before any handler kills the rank (USR2's default action is to terminate).
 from __future__ import annotations
 
 import signal
+import time
 from types import FrameType
 
 _received: int | None = None
+_received_at: float | None = None
 
 
 def _record(signum: int, frame: FrameType | None) -> None:
-    global _received
+    global _received, _received_at
     if _received is None:
-        _received = signum
+        _received, _received_at = signum, time.time()
 
 
 def install(names: tuple[str, ...]) -> None:
@@ -29,6 +31,11 @@ def install(names: tuple[str, ...]) -> None:
 def received() -> int | None:
     """The first stop signal this process got, if any."""
     return _received
+
+
+def received_at() -> float | None:
+    """When (time.time()) the first stop signal arrived."""
+    return _received_at
 
 
 def name(signum: int) -> str:

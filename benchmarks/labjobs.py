@@ -1,0 +1,62 @@
+"""Helpers shared by the benchmarks that drive the lab cluster through `python -m slurmddp`."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+QUICKSTART = ROOT / "examples" / "quickstart.yaml"
+
+
+def submit(out: Path, *overrides: str) -> Path:
+    """Submit quickstart with `overrides`; return its run directory."""
+    before = set(out.glob("*/*/manifest.json"))
+    subprocess.run(
+        [sys.executable, "-m", "slurmddp", "submit", str(QUICKSTART), *overrides, f"output_dir={out}"],
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
+    (manifest,) = set(out.glob("*/*/manifest.json")) - before
+    return manifest.parent
+
+
+def job_id(run: Path) -> str:
+    return str(json.loads((run / "manifest.json").read_text())["job_id"])
+
+
+def read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def wait_for(what: str, check: Any, timeout: float = 600) -> Any:
+    deadline = time.monotonic() + timeout
+    while not (value := check()):
+        if time.monotonic() > deadline:
+            raise SystemExit(f"timed out waiting for {what}")
+        time.sleep(0.1)
+    return value
+
+
+def ends(run: Path) -> list[dict[str, Any]]:
+    path = run / "attempts.jsonl"
+    if not path.exists():
+        return []
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    return [r for r in records if r["event"] == "end"]
+
+
+def step(run: Path) -> int:
+    progress = read_json(run / "progress.json")
+    return int(progress["step"]) if progress else -1
+
+
+def gone(job: str) -> bool:
+    return not subprocess.run(["squeue", "-h", "-j", job], capture_output=True, text=True).stdout.strip()
