@@ -34,6 +34,9 @@ def interrupt(ref: str, reason: str) -> str:
     """Send the running job what Slurm sends on a preemption or near its time limit, and record
     which of the two it stands for; returns what was done."""
     run_dir, job_id = resolve_run(ref)
+    state = _squeue(job_id, "%T")
+    if state != "RUNNING":
+        raise SlurmddpError(f"job {job_id} is {state}: only a running job can be interrupted")
     restarts = _scontrol_field(job_id, "Restarts")
     config: Any = yamlio.load((run_dir / "config.yaml").read_text())
     signal = str(config.get("requeue", {}).get("signal", "USR2"))

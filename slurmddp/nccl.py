@@ -12,9 +12,10 @@ Whatever the user put in `fabric.env` wins over every derived value.
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -333,6 +334,14 @@ def _ec2_instance_type(sysfs: Path) -> str | None:
 
 
 # --- choices derived from a Fabric -----------------------------------------------------------------
+
+
+def in_namespace(fabric: Fabric, names: Collection[str]) -> Fabric:
+    """Keep only the interfaces that exist in this process's network namespace (`names`, e.g. from
+    socket.if_nameindex()). sysfs lists the interfaces of the namespace that mounted it, which need
+    not be the rank's: a container with its own network, or a test cluster whose node namespaces
+    share the host's /sys. Naming an interface the rank cannot see makes gloo fail at init."""
+    return dataclasses.replace(fabric, interfaces=tuple(i for i in fabric.interfaces if i.name in names))
 
 
 def auto_profile(fabric: Fabric) -> str:

@@ -64,7 +64,8 @@ def fabric_env(spec: RankSpec, dist: DistEnv) -> dict[str, str]:
     compute nodes'. CPU ranks (gloo) skip it unless a profile is named explicitly."""
     if spec.fabric_profile == "none" or (spec.fabric_profile == "auto" and dist.device_index is None):
         return {}
-    fabric = nccl.detect(Path(os.environ.get(SYSFS_ENV, "/sys")))
+    live = {name for _, name in socket.if_nameindex()}
+    fabric = nccl.in_namespace(nccl.detect(Path(os.environ.get(SYSFS_ENV, "/sys"))), live)
     try:
         env = nccl.nccl_env(fabric, spec.fabric_profile, spec.env)
     except SlurmddpError as exc:

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from test_nccl import build_dgx_h100
 
 ROOT = Path(__file__).resolve().parents[1]
 QUICKSTART = ROOT / "examples" / "quickstart.yaml"
@@ -105,12 +106,15 @@ def test_torchrun_script_gets_the_rank_variables(slurm_env: dict[str, str], tmp_
     ("binding", "visible", "devices"),
     [("node", ["0,1", "0,1"], ["cuda:0", "cuda:1"]), ("task", ["0", "1"], ["cuda:0", "cuda:0"])],
 )
-def test_fake_gpus_pick_the_right_device(
+def test_fake_gpus_pick_the_right_device_and_fabric(
     slurm_env: dict[str, str], tmp_path: Path, binding: str, visible: list[str], devices: list[str]
 ) -> None:
+    """Fake GPUs, and a fake DGX H100 sysfs that the ranks detect at job start on the node."""
+    build_dgx_h100(tmp_path / "sys")
+    env = {**slurm_env, "SLURMDDP_SYSFS": str(tmp_path / "sys")}
     out = tmp_path / "runs"
     proc = slurmddp(
-        slurm_env,
+        env,
         tmp_path,
         "submit",
         str(TORCHRUN),
@@ -118,6 +122,7 @@ def test_fake_gpus_pick_the_right_device(
         "resources.nodes=1",
         "resources.gpus_per_node=2",
         "resources.tasks_per_node=null",
+        "resources.cpus_per_task=2",
         f"resources.gpu_binding={binding}",
         "--wait",
     )
@@ -125,6 +130,14 @@ def test_fake_gpus_pick_the_right_device(
     ranks = job_ranks(only_run(out))
     assert [r["CUDA_VISIBLE_DEVICES"] for r in ranks] == visible
     assert [r["SLURMDDP_DEVICE"] for r in ranks] == devices
+    assert {r["OMP_NUM_THREADS"] for r in ranks} == {"2"} and {r["threads"] for r in ranks} == {2}
+    # The node's 7 active HCAs (mlx5_3 is down); no socket interface, since none of the tree's
+    # interfaces exists in the node's network namespace.
+    hcas = "=mlx5_0:1,mlx5_4:1,mlx5_5:1,mlx5_6:1,mlx5_9:1,mlx5_10:1,mlx5_11:1"
+    assert {r["NCCL_IB_HCA"] for r in ranks} == {hcas}
+    assert {r["NCCL_SOCKET_IFNAME"] for r in ranks} == {None}
+    assert {r["TORCH_NCCL_ASYNC_ERROR_HANDLING"] for r in ranks} == {"1"}
+    assert "8 InfiniBand HCAs (7 active" in proc.stdout  # logged by the node's first rank
 
 
 def test_dryrun_shows_the_script_that_is_submitted(

@@ -25,6 +25,7 @@ from slurmddp.nccl import (
     describe,
     detect,
     efa_device_rdma,
+    in_namespace,
     nccl_env,
 )
 
@@ -635,3 +636,12 @@ def test_unknown_profile(dgx: Fabric) -> None:
         "fabric.profile: unknown profile 'ib'; valid profiles: auto, infiniband, roce, efa, tcp, none"
     )
     assert PROFILES == ("auto", "infiniband", "roce", "efa", "tcp", "none")
+
+
+def test_only_interfaces_of_this_namespace(dgx: Fabric) -> None:
+    # The rank's network namespace has eno3 only: the IPoIB names sysfs shows are not usable here.
+    visible = in_namespace(dgx, {"lo", "eno3"})
+    env = nccl_env(visible, "auto", {})
+    assert env["NCCL_SOCKET_IFNAME"] == "=eno3" and env["GLOO_SOCKET_IFNAME"] == "eno3"
+    assert env["NCCL_IB_HCA"].startswith("=mlx5_0:1")
+    assert "GLOO_SOCKET_IFNAME" not in nccl_env(in_namespace(dgx, {"lo"}), "tcp", {})

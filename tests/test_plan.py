@@ -185,3 +185,19 @@ def test_entrypoint_is_checked_without_running_it(tmp_path: Path) -> None:
     proc = run_cli("dryrun", str(exp), cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert "executed" not in proc.stdout + proc.stderr
+
+
+def test_short_signal_lead_is_warned_at_submit(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from slurmddp import cli, manage
+
+    earlier = tmp_path / "quickstart" / "20260101-000000-abcd"
+    earlier.mkdir(parents=True)
+    (earlier / "progress.json").write_text(json.dumps({"step": 9, "last_save_s": 70.0}))
+    assert manage.last_save_seconds(tmp_path, "quickstart") == 70.0
+    for lead, warned in ((120, True), (200, False)):
+        loaded = load_experiment(QUICKSTART, [f"output_dir={tmp_path}", f"requeue.signal_lead_s={lead}"])
+        plan = planning.build(
+            loaded, executor="slurm", workdir=ROOT, run_dir=tmp_path / "new", interpreter="python3"
+        )
+        cli._warn_short_lead(plan, loaded)
+        assert ("took 70.0 s to save" in capsys.readouterr().out) is warned

@@ -215,3 +215,28 @@ def test_crash_at_the_same_step_stops(slurm_env: dict[str, str], tmp_path: Path)
     records = ends(run)
     assert [(r["reason"], r["step"]) for r in records] == [("failure", 30), ("failure", 30)]
     assert "crashed at step 30 twice" in records[-1]["message"]
+
+
+def test_interrupt_command_sends_what_slurm_would(slurm_env: dict[str, str], tmp_path: Path) -> None:
+    run = submit(slurm_env, tmp_path / "runs", "train.steps=400", "resources.nodes=1")
+    wait_until("step 50", lambda: progress_step(run) >= 50)
+    proc = subprocess.run(
+        [sys.executable, "-m", "slurmddp", "interrupt", job_id(run), "--preempt"],
+        env=slurm_env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "sent SIGUSR2" in proc.stdout and "as a preemption" in proc.stdout
+    assert wait_for_job(job_id(run), slurm_env, timeout=300) == "COMPLETED"
+    assert [r["reason"] for r in ends(run)] == ["preemption", "completed"]
+    assert_no_step_lost(run)
+    proc = subprocess.run(
+        [sys.executable, "-m", "slurmddp", "interrupt", str(run), "--timeout"],
+        env=slurm_env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2 and "not in the queue" in proc.stderr
