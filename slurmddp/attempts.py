@@ -132,13 +132,20 @@ def decide(run_dir: Path, status: int, env: Mapping[str, str], squeue: Squeue) -
 
 
 def end(run_dir: Path, status: int, env: Mapping[str, str], now: float, squeue: Squeue) -> int:
-    decision = decide(run_dir, status, env, squeue)
-    attempts = [r for r in read_attempts(run_dir) if r["event"] == "begin"]
-    _append(
-        run_dir,
-        {
+    """Record how this attempt ended and requeue it if it goes around again. Rank 0 calls this
+    right after a stop; the batch script calls it after srun, and then only repeats the requeue
+    if rank 0 already recorded one (the job being still alive means that requeue failed)."""
+    records = read_attempts(run_dir)
+    me = _attempt_id(env)
+    last = records[-1] if records else {}
+    if last.get("event") == "end" and all(last.get(key) == value for key, value in me.items()):
+        decision = Decision(last["reason"], last["step"], last["requeue"], last["message"])
+    else:
+        decision = decide(run_dir, status, env, squeue)
+        begins = [r for r in records if r["event"] == "begin"]
+        record = {
             "event": "end",
-            "attempt": max(0, len(attempts) - 1),
+            "attempt": max(0, len(begins) - 1),
             "reason": decision.reason,
             "step": decision.step,
             "status": status,
@@ -146,10 +153,9 @@ def end(run_dir: Path, status: int, env: Mapping[str, str], now: float, squeue: 
             "requeue": decision.requeue,
             "final": not decision.requeue,
             "message": decision.message,
-            **_attempt_id(env),
-        },
-    )
-    print(f"slurmddp: attempt ended: {decision.message}", file=sys.stderr)
+        }
+        _append(run_dir, {**record, **me})
+        print(f"slurmddp: attempt ended: {decision.message}", file=sys.stderr)
     if not decision.requeue:
         return 0 if decision.reason == "completed" else 1
     target = requeue_target(env)

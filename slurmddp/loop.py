@@ -130,6 +130,9 @@ class TrainLoop:
         if stop:
             self.save()
             self.store.wait()
+            # Every rank's files are durable past this point, so rank 0 may requeue (which ends
+            # the job at once) as soon as it is out of the loop.
+            tdist.barrier()
             self._record_stop(stop)
             raise StopForRequeue(self.step, stop)
         if timed_save or (self.every_steps and self.step % self.every_steps == 0 and self.step > 0):

@@ -122,3 +122,16 @@ def test_array_tasks_requeue_alone() -> None:
     env = {"SLURM_JOB_ID": "90", "SLURM_ARRAY_JOB_ID": "88", "SLURM_ARRAY_TASK_ID": "2"}
     assert attempts.requeue_target(env) == "88_2"
     assert attempts.requeue_target({"SLURM_JOB_ID": "90"}) == "90"
+
+
+def test_the_batch_script_does_not_record_an_attempt_twice(
+    tmp_path: Path, no_scontrol: list[list[str]]
+) -> None:
+    """Rank 0 already recorded and requeued; the batch script's call only repeats the requeue."""
+    path = run_dir(tmp_path)
+    attempts.begin(path, ENV, now=1.0)
+    (path / "stop.json").write_text(json.dumps({"step": 12, "job_id": "77", "restart_count": 0}))
+    assert attempts.end(path, 0, ENV, now=2.0, squeue=lambda j: "2026-01-01T00:00:00") == 0
+    assert attempts.end(path, 0, ENV, now=3.0, squeue=lambda j: "None") == 0
+    assert [(r["reason"], r["step"]) for r in ends(path)] == [("preemption", 12)]
+    assert no_scontrol == [["scontrol", "requeue", "77"]] * 2
