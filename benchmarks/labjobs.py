@@ -60,3 +60,9 @@ def step(run: Path) -> int:
 
 def gone(job: str) -> bool:
     return not subprocess.run(["squeue", "-h", "-j", job], capture_output=True, text=True).stdout.strip()
+
+
+def state(job: str) -> str:
+    """The job's state in squeue, "" once it has left the queue."""
+    out = subprocess.run(["squeue", "-h", "-j", job, "-o", "%T"], capture_output=True, text=True).stdout
+    return out.strip()
