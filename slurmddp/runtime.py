@@ -148,7 +148,7 @@ def _run_function(spec: RankSpec, dist: DistEnv, function: Callable[[RunContext]
         gathered: list[Any] = [None] * dist.world_size
         tdist.all_gather_object(gathered, result)
         if dist.rank == 0:
-            write_result(Path(spec.run_dir), dist, gathered, time.time() - started)
+            write_result(Path(spec.run_dir), dist, gathered, started)
         return result
     finally:
         tdist.destroy_process_group()
@@ -194,8 +194,9 @@ def _check_json(result: Any, target: str | None) -> None:
         ) from None
 
 
-def write_result(run_dir: Path, dist: DistEnv, per_rank: list[Any], elapsed_s: float) -> None:
-    """result.json: rank 0's return value, every rank's, and where the job ran."""
+def write_result(run_dir: Path, dist: DistEnv, per_rank: list[Any], started_at: float) -> None:
+    """result.json: rank 0's return value, every rank's, where the job ran, and when rank 0 called
+    the function (its process group ready)."""
     write_json(
         run_dir / RESULT_FILE,
         {
@@ -205,7 +206,8 @@ def write_result(run_dir: Path, dist: DistEnv, per_rank: list[Any], elapsed_s: f
             "num_nodes": dist.num_nodes,
             "job_id": dist.job_id,
             "restart_count": dist.restart_count,
-            "train_seconds": round(elapsed_s, 3),
+            "started_at": started_at,
+            "train_seconds": round(time.time() - started_at, 3),
         },
     )
 
