@@ -43,6 +43,12 @@ def main() -> None:
     # SLURMDDP_RUN_DIR is set by slurmddp; under plain torchrun the file lands in the current dir.
     parser.add_argument("--out", default=os.path.join(os.environ.get("SLURMDDP_RUN_DIR", "."), "ranks.json"))
     parser.add_argument("--steps", type=int, default=20)
+    # The torchelastic pattern: snapshot every N steps, resume from the snapshot after a restart.
+    # Under slurmddp a stop signal reaches the script as SIGTERM, whose default action ends it.
+    parser.add_argument("--snapshot-every", type=int, default=0)
+    parser.add_argument(
+        "--snapshot", default=os.path.join(os.environ.get("SLURMDDP_RUN_DIR", "."), "snapshot.pt")
+    )
     args = parser.parse_args()
 
     backend = "nccl" if torch.cuda.is_available() else "gloo"
@@ -52,12 +58,27 @@ def main() -> None:
     torch.manual_seed(0)
     model = DistributedDataParallel(nn.Linear(16, 1).to(device))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    for step in range(args.steps):
+    start = 0
+    if args.snapshot_every and os.path.exists(args.snapshot):
+        snapshot = torch.load(args.snapshot, map_location=device, weights_only=True)
+        model.module.load_state_dict(snapshot["model"])
+        optimizer.load_state_dict(snapshot["optimizer"])
+        start = snapshot["step"]
+        print(f"resumed from snapshot at step {start}", flush=True)
+    for step in range(start, args.steps):
         gen = torch.Generator().manual_seed(step * 100 + dist.get_rank())
         inputs = torch.randn(8, 16, generator=gen).to(device)
         optimizer.zero_grad()
         model(inputs).pow(2).mean().backward()
         optimizer.step()
+        if args.snapshot_every and (step + 1) % args.snapshot_every == 0 and dist.get_rank() == 0:
+            state = {
+                "model": model.module.state_dict(),
+                "optimizer": optimizer.state_dict(),
+                "step": step + 1,
+            }
+            torch.save(state, args.snapshot + ".tmp")
+            os.replace(args.snapshot + ".tmp", args.snapshot)
 
     seen = {name: os.environ.get(name) for name in SEEN}
     seen["hostname"] = socket.gethostname()

@@ -240,3 +240,30 @@ def test_interrupt_command_sends_what_slurm_would(slurm_env: dict[str, str], tmp
         timeout=60,
     )
     assert proc.returncode == 2 and "not in the queue" in proc.stderr
+
+
+def test_torchrun_script_is_stopped_requeued_and_resumes_from_its_snapshot(
+    slurm_env: dict[str, str], tmp_path: Path
+) -> None:
+    run = submit(
+        slurm_env,
+        tmp_path / "runs",
+        "resources.nodes=1",
+        "entrypoint.args=[--steps, '40000', --snapshot-every, '500']",
+        experiment=ROOT / "examples" / "torchrun_script.yaml",
+    )
+    wait_until("a snapshot", lambda: (run / "snapshot.pt").exists())
+    proc = subprocess.run(
+        [sys.executable, "-m", "slurmddp", "interrupt", str(run), "--preempt"],
+        env=slurm_env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert wait_for_job(job_id(run), slurm_env, timeout=300) == "COMPLETED"
+    assert [r["reason"] for r in ends(run)] == ["preemption", "completed"]
+    log = "".join(p.read_text() for p in (run / "logs").glob("*_0_log.out"))
+    resumed = int(log.split("resumed from snapshot at step ")[1].split()[0])
+    assert 0 < resumed < 40000
+    assert len(json.loads((run / "ranks.json").read_text())["ranks"]) == 2
