@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -52,16 +51,15 @@ class RunContext:
         `find_unused_parameters=True` by default: it is what keeps DDP from rebuilding its gradient
         buckets after the first iteration. A rebuild makes a resumed attempt reduce its first step
         in a different bucket layout (a different float summation order) than the uninterrupted
-        run did at that step, so resume would not be bit-exact (see docs/resume.md).
+        run did at that step, so resume would not be bit-exact (see docs/resume.md). The reducer's
+        one-time warning that no parameter was unused is expected (it is printed by C++ from the
+        autograd thread, past Python's warning filters).
         """
         from torch.nn.parallel import DistributedDataParallel
 
         kwargs.setdefault("find_unused_parameters", True)
         if self.device.type == "cuda":
             kwargs.setdefault("device_ids", [self.device.index])
-        # The reducer warns at the first backward that no parameter was unused: here that is the
-        # expected case, the flag is set for the bucket layout, not for unused parameters.
-        warnings.filterwarnings("ignore", message="find_unused_parameters=True was specified")
         return DistributedDataParallel(module.to(self.device), **kwargs)
 
     def loop(self, total_steps: int, *, extra: dict[str, Any] | None = None, **stateful: Any) -> TrainLoop:

@@ -201,3 +201,16 @@ def test_short_signal_lead_is_warned_at_submit(tmp_path: Path, capsys: pytest.Ca
         )
         cli._warn_short_lead(plan, loaded)
         assert ("took 70.0 s to save" in capsys.readouterr().out) is warned
+
+
+@pytest.mark.parametrize("profile", sorted(p.stem for p in (ROOT / "configs").glob("*.yaml")))
+def test_shipped_profiles_apply(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, profile: str) -> None:
+    monkeypatch.setenv("SLURM_ACCOUNT", "proj")
+    overrides = [f"profile={ROOT / 'configs' / profile}.yaml", "resources.tasks_per_node=null"]
+    exp = load_experiment(QUICKSTART, overrides).experiment
+    assert exp.resources.partition is not None
+
+
+def test_starter_template_plans(tmp_path: Path) -> None:
+    plan = make_plan(ROOT / "templates" / "experiment.yaml", [], tmp_path, "local")
+    assert plan.rank.function == f"{ROOT / 'templates' / 'train.py'}:main" and plan.world_size == 2
