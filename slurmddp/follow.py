@@ -13,7 +13,7 @@ from submitit.core.utils import pickle_load
 
 from slurmddp.submitter import Submission
 
-# Slurm states after which a job runs no more (REQUEUED/PREEMPTED jobs come back: not final).
+# The one end state that counts as success (sacct's spelling); every other end state fails `--wait`.
 FINAL_OK = "COMPLETED"
 
 

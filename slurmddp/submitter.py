@@ -69,7 +69,7 @@ def interpreter() -> str:
 def sbatch_script(plan: planning.SubmissionPlan) -> str:
     """The batch script submitit writes for this plan, byte for byte."""
     # submitit's own renderer (module-level, underscore-named): rendering it ourselves would drift
-    # from what submitit submits; tests/test_cluster_submit.py compares it with a submitted script.
+    # from what submitit submits; tests/test_cluster.py compares it with a submitted script.
     return str(_make_sbatch_string(command=planning.command(plan), folder=plan.folder, **plan.parameters))
 
 

@@ -201,12 +201,3 @@ def test_hostile_strings_are_inert_on_a_real_submission(slurm_env: dict[str, str
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert not pwn.exists() and not (tmp_path / "pwned").exists(), "a hostile value was executed"
     assert len(json.loads(target.read_text())["ranks"]) == 2  # the argument arrived intact
-    manifest = json.loads((only_run(out) / "manifest.json").read_text())
-    comment = subprocess.run(
-        ["sacct", "-X", "-n", "-P", "-j", manifest["job_id"], "-o", "Comment"],
-        env=slurm_env,
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.strip()
-    assert comment in (hostile, f"'{hostile}'", ""), comment
