@@ -21,3 +21,7 @@ class SubmitError(SlurmddpError):
 
 class DistEnvError(SlurmddpError):
     """The environment of a rank does not describe a usable distributed job."""
+
+
+class PreflightError(SlurmddpError):
+    """A node failed the job-start check: its device, a wrong all-reduce sum, or a slow network."""

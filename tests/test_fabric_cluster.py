@@ -1,0 +1,76 @@
+"""Preflight, doctor and the MPI launcher on the real 3-node lab cluster, through `python -m slurmddp`."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+from test_cluster import QUICKSTART, only_run, slurmddp
+
+from slurmddp import attempts
+
+pytestmark = pytest.mark.slurm
+DIST_TIMEOUT_S = 300
+
+
+def final_attempt(run: Path) -> dict[str, object]:
+    ends = [r for r in attempts.read_attempts(run) if r["event"] == "end"]
+    assert ends, f"no attempt ended in {run}"
+    return ends[-1]
+
+
+def test_forced_preflight_failure_stops_the_job_fast_naming_the_node(
+    slurm_env: dict[str, str], tmp_path: Path
+) -> None:
+    out = tmp_path / "runs"
+    started = time.monotonic()
+    proc = slurmddp(
+        slurm_env,
+        tmp_path,
+        "submit",
+        str(QUICKSTART),
+        "preflight.fail_on_host=node2",
+        f"dist.timeout_s={DIST_TIMEOUT_S}",
+        f"output_dir={out}",
+        "--wait",
+    )
+    elapsed = time.monotonic() - started
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "preflight failed: node2: failed on purpose" in proc.stdout
+    assert "ended FAILED" in proc.stdout
+    # Most of it is four `import torch` on two cores; nothing waits for the distributed timeout.
+    assert elapsed < DIST_TIMEOUT_S / 5, f"took {elapsed:.0f} s"
+    run = only_run(out)
+    end = final_attempt(run)
+    assert end["requeue"] is False and end["final"] is True
+    assert str(end["message"]).startswith("preflight failed: node2")
+    record = json.loads((run / "preflight.json").read_text())
+    assert record["suspects"] == ["node2"] and {r["host"] for r in record["ranks"]} == {"node1", "node2"}
+    assert not (run / "result.json").exists()
+
+
+def test_an_unreachable_bandwidth_floor_fails_with_the_measured_link(
+    slurm_env: dict[str, str], tmp_path: Path
+) -> None:
+    out = tmp_path / "runs"
+    proc = slurmddp(
+        slurm_env,
+        tmp_path,
+        "submit",
+        str(QUICKSTART),
+        "resources.tasks_per_node=1",
+        "preflight.min_bus_gbps=100000",
+        f"output_dir={out}",
+        "--wait",
+    )
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    # Two nodes: the one link between them is slow, and its two ends cannot be told apart.
+    assert "preflight failed: node1, node2: all-reduce bus bandwidth" in proc.stdout
+    record = json.loads((only_run(out) / "preflight.json").read_text())
+    assert {(link["src"], link["dst"]) for link in record["links"]} == {
+        ("node1", "node2"),
+        ("node2", "node1"),
+    }
+    assert all(link["gbps"] > 0 for link in record["links"]) and record["bus_gbps"] > 0
