@@ -67,10 +67,13 @@ def train(ctx: RunContext) -> dict[str, object]:
         loss = F.cross_entropy(ddp(inputs), targets)
         loss.backward()
         optimizer.step()
-        if ctx.is_main and step % cfg.log_every == 0:
-            print(f"step {step} loss {loss.item():.4f}", flush=True)
+        if step % cfg.log_every == 0:
+            ctx.log(step, loss=loss)  # rank 0 appends to metrics.jsonl; `status`/`results` read it
+            if ctx.is_main:
+                print(f"step {step} loss {loss.item():.4f}", flush=True)
     elapsed = time.perf_counter() - started
     steps_run = cfg.steps - loop.first_step
+    ctx.log(cfg.steps, loss=loss)
     if ctx.is_main:
         torch.save(model.state_dict(), ctx.run_dir / "final_model.pt")
     return {

@@ -30,7 +30,9 @@ STOP = "stop.json"
 FAILURE = "failure.json"
 PROGRESS = "progress.json"
 CONFIG = "config.yaml"
+SWEEP = "sweep.json"
 EXIT_FINISHED = 3
+CANCELLED = "cancelled"
 """`begin`'s status when the run already ended for good: the batch script exits without srun."""
 
 Squeue = Callable[[str], str]
@@ -52,6 +54,23 @@ def read_attempts(run_dir: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+def current(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The records since the last `resubmit`: a resubmitted run starts with fresh budgets."""
+    marks = [i for i, record in enumerate(records) if record["event"] == "resubmit"]
+    return records[marks[-1] + 1 :] if marks else records
+
+
+def final_end(records: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The record that ended the run for good (completed, cancelled, out of budget), if any."""
+    ends = [r for r in current(records) if r["event"] == "end"]
+    return ends[-1] if ends and ends[-1].get("final") else None
+
+
+def mark(run_dir: Path, record: dict[str, Any]) -> None:
+    """Append a record from outside the job: a cancel (final) or a resubmit (fresh budgets)."""
+    _append(run_dir, record)
+
+
 def _append(run_dir: Path, record: dict[str, Any]) -> None:
     with (run_dir / ATTEMPTS).open("a") as handle:
         handle.write(json.dumps(record, sort_keys=True) + "\n")
@@ -66,14 +85,13 @@ def _attempt_id(env: Mapping[str, str]) -> dict[str, Any]:
 def begin(run_dir: Path, env: Mapping[str, str], now: float) -> int:
     """Record the start of an attempt (and the silent end of a previous one that was killed)."""
     records = read_attempts(run_dir)
-    ends = [r for r in records if r["event"] == "end"]
-    if ends and ends[-1].get("final"):
-        print(
-            f"slurmddp: this run already ended ({ends[-1]['message']}); not starting again", file=sys.stderr
-        )
+    final = final_end(records)
+    if final is not None:
+        print(f"slurmddp: this run already ended ({final['message']}); not starting again", file=sys.stderr)
         return EXIT_FINISHED
     begins = [r for r in records if r["event"] == "begin"]
-    if len(begins) > len(ends):
+    era = current(records)
+    if len([r for r in era if r["event"] == "begin"]) > len([r for r in era if r["event"] == "end"]):
         # The previous attempt's batch script was killed before it could say how it ended
         # (e.g. preempted past GraceTime): Slurm requeued it by itself.
         _append(
@@ -108,7 +126,7 @@ def decide(run_dir: Path, status: int, env: Mapping[str, str], squeue: Squeue) -
     me = _attempt_id(env)
     stop = _this_attempt(run_dir / STOP, me)
     budgets = _budgets(run_dir)
-    history = [r for r in read_attempts(run_dir) if r["event"] == "end"]
+    history = [r for r in current(read_attempts(run_dir)) if r["event"] == "end"]
     if stop is None and status == 0:
         return Decision("completed", _progress_step(run_dir), False, "completed")
     if stop is not None:
@@ -118,6 +136,8 @@ def decide(run_dir: Path, status: int, env: Mapping[str, str], squeue: Squeue) -
         reason = "failure"
         failure = _this_attempt(run_dir / FAILURE, me)
         step = failure["step"] if failure else _progress_step(run_dir)
+        if failure and failure.get("retry") is False:
+            return Decision(reason, step, False, f"{failure['error']}: not retrying")
         earlier = [r for r in history if r["reason"] == "failure"]
         if earlier and step is not None and earlier[-1].get("step") == step:
             return Decision(reason, step, False, f"crashed at step {step} twice in a row: not retrying")
@@ -136,6 +156,12 @@ def end(run_dir: Path, status: int, env: Mapping[str, str], now: float, squeue: 
     right after a stop; the batch script calls it after srun, and then only repeats the requeue
     if rank 0 already recorded one (the job being still alive means that requeue failed)."""
     records = read_attempts(run_dir)
+    final = final_end(records)
+    if final is not None and final["reason"] == CANCELLED:
+        # `slurmddp cancel` marked the run before scancel; requeueing now would revive it
+        # (scontrol requeue takes a job cancelled a moment ago, seen on 22.05.8).
+        print("slurmddp: the run was cancelled; not requeueing", file=sys.stderr)
+        return 1
     me = _attempt_id(env)
     last = records[-1] if records else {}
     if last.get("event") == "end" and all(last.get(key) == value for key, value in me.items()):
@@ -225,12 +251,30 @@ def _budget_text(allowed: int) -> str:
 
 
 def main(argv: list[str]) -> int:
+    # A sweep's batch script names the sweep directory and its submission; the array task picks
+    # the element it runs from the sweep manifest.
+    if len(argv) in (4, 5) and argv[-2] == "--submission":
+        run_dir = element_dir(Path(argv[1]), int(argv[-1]), os.environ)
+        argv = [argv[0], str(run_dir), *argv[2:-2]]
     if len(argv) == 2 and argv[0] == "begin":
         return begin(Path(argv[1]), os.environ, time.time())
     if len(argv) == 3 and argv[0] == "end":
         return end(Path(argv[1]), int(argv[2]), os.environ, time.time(), squeue_preempt_time)
-    print("usage: python -m slurmddp.attempts begin RUN_DIR | end RUN_DIR STATUS", file=sys.stderr)
+    print(
+        "usage: python -m slurmddp.attempts begin RUN_DIR | end RUN_DIR STATUS "
+        "(each optionally followed by --submission N for a sweep)",
+        file=sys.stderr,
+    )
     return 2
+
+
+def element_dir(sweep_dir: Path, submission: int, env: Mapping[str, str]) -> Path:
+    """The run directory of the element this array task runs (a one-element submission is a
+    plain job, without SLURM_ARRAY_TASK_ID)."""
+    manifest = json.loads((sweep_dir / SWEEP).read_text())
+    position = int(env.get("SLURM_ARRAY_TASK_ID") or 0)
+    index = manifest["submissions"][submission]["elements"][position]
+    return sweep_dir / str(manifest["elements"][index]["dir"])
 
 
 if __name__ == "__main__":

@@ -3,14 +3,20 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 import sys
+import time
 from pathlib import Path
 
-from slurmddp import manage, submitter
+from slurmddp import logs, manage, report, runs, submitter
 from slurmddp import plan as planning
-from slurmddp.config import Loaded, load_experiment
+from slurmddp.attempts import SWEEP
+from slurmddp.config import Element, Loaded, expand, load_experiment
 from slurmddp.errors import SlurmddpError
 from slurmddp.follow import FINAL_OK, follow
+from slurmddp.fsutil import write_atomic, write_json
+from slurmddp.sweep import describe
 
 EXIT_USER_ERROR = 2
 EXIT_JOB_FAILED = 1
@@ -49,12 +55,13 @@ def _parse(argv: list[str]) -> argparse.Namespace:
         prog="slurmddp interrupt",
         description="Send a running job what Slurm sends on a preemption or a time limit (to test resume).",
     )
-    interrupt.add_argument("run", metavar="RUN", help="a run directory or a job id")
+    _run_arg(interrupt)
+    _index_arg(interrupt)
     kind = interrupt.add_mutually_exclusive_group(required=True)
     kind.add_argument("--preempt", dest="reason", action="store_const", const="preemption")
     kind.add_argument("--timeout", dest="reason", action="store_const", const="timeout")
     interrupt.set_defaults(func=_interrupt)
-    commands = {"submit": submit, "dryrun": dryrun, "interrupt": interrupt}
+    commands = {"submit": submit, "dryrun": dryrun, "interrupt": interrupt, **_manage_parsers()}
 
     top = argparse.ArgumentParser(prog="slurmddp", description="Multi-node PyTorch DDP on Slurm.")
     top.add_argument(
@@ -67,29 +74,101 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     return commands[argv[0]].parse_intermixed_args(argv[1:])
 
 
+def _manage_parsers() -> dict[str, argparse.ArgumentParser]:
+    status = argparse.ArgumentParser(
+        prog="slurmddp status", description="Show the state of a run or of every element of a sweep."
+    )
+    _run_arg(status, optional=True)
+    status.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    status.set_defaults(func=_status)
+    logs = argparse.ArgumentParser(prog="slurmddp logs", description="Print (or follow) a rank's log.")
+    _run_arg(logs)
+    _index_arg(logs)
+    logs.add_argument("--rank", type=int, default=0, help="the rank whose log to show (default 0)")
+    logs.add_argument("--err", action="store_true", help="show the rank's stderr instead of its stdout")
+    logs.add_argument("-f", "--follow", action="store_true", help="keep printing until the job ends")
+    logs.set_defaults(func=_logs)
+    cancel = argparse.ArgumentParser(
+        prog="slurmddp cancel", description="Cancel a run, a whole sweep, or one element of it."
+    )
+    _run_arg(cancel)
+    _index_arg(cancel)
+    cancel.set_defaults(func=_cancel)
+    resubmit = argparse.ArgumentParser(
+        prog="slurmddp resubmit", description="Submit a sweep's failed elements again (they resume)."
+    )
+    _run_arg(resubmit)
+    resubmit.add_argument("--failed", action="store_true", required=True, help="the elements that failed")
+    resubmit.set_defaults(func=_resubmit)
+    listing = argparse.ArgumentParser(prog="slurmddp list", description="List recent runs and sweeps.")
+    listing.add_argument("-n", "--limit", type=int, default=20, help="how many (default 20)")
+    listing.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    listing.set_defaults(func=_list)
+    results = argparse.ArgumentParser(
+        prog="slurmddp results", description="A sweep's elements ranked by a metric; writes CSV."
+    )
+    _run_arg(results)
+    results.add_argument("--metric", help="the metric to rank by (default: the sweep's sweep.metric)")
+    results.add_argument("--mode", choices=("min", "max"), help="best is min or max (default: sweep.mode)")
+    results.add_argument("--csv", type=Path, help="where to write the CSV (default: SWEEP_DIR/results.csv)")
+    results.add_argument("--plot", type=Path, help="also write a PNG of the metric over steps per element")
+    results.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    results.set_defaults(func=_results)
+    return {
+        "status": status,
+        "logs": logs,
+        "cancel": cancel,
+        "resubmit": resubmit,
+        "list": listing,
+        "results": results,
+    }
+
+
+def _run_arg(parser: argparse.ArgumentParser, optional: bool = False) -> None:
+    parser.add_argument(
+        "run",
+        metavar="RUN",
+        nargs="?" if optional else None,
+        help="a run or sweep directory, or a job id"
+        + (" (default: the newest submission)" if optional else ""),
+    )
+
+
+def _index_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--index", type=int, help="the sweep element (its index in status)")
+
+
 def _experiment_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("experiment", type=Path, help="the experiment YAML file")
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="e.g. resources.nodes=2 lr=0.1")
 
 
-def _plan(args: argparse.Namespace) -> tuple[planning.SubmissionPlan, Loaded]:
-    loaded = load_experiment(args.experiment, args.overrides)
+def _plan(loaded: Loaded) -> planning.SubmissionPlan:
     exp = loaded.experiment
-    plan = planning.build(
+    run_dir = submitter.new_run_dir(exp.output_dir, exp.name)
+    executor = submitter.resolve_executor(exp.executor)
+    elements: tuple[tuple[Loaded, Path], ...] = ()
+    if loaded.sweep is not None and executor == "slurm":
+        elements = tuple((e.loaded, run_dir / e.dir_name) for e in expand(loaded))
+    return planning.build(
         loaded,
-        executor=submitter.resolve_executor(exp.executor),
+        executor=executor,
         workdir=Path.cwd(),
-        run_dir=submitter.new_run_dir(exp.output_dir, exp.name),
+        run_dir=run_dir,
         interpreter=submitter.interpreter(),
+        elements=elements,
+        submission=0 if elements else None,
     )
-    return plan, loaded
 
 
 def _submit(args: argparse.Namespace) -> int:
-    plan, loaded = _plan(args)
+    loaded = load_experiment(args.experiment, args.overrides)
+    plan = _plan(loaded)
     for note in plan.notes:
         print(f"slurmddp: {note}")
     _warn_short_lead(plan, loaded)
+    if loaded.sweep is not None:
+        return _submit_sweep(args, plan, loaded)
     sub = submitter.submit(plan, loaded, sys.argv)
     print(f"slurmddp: submitted {plan.executor} job {sub.job_id} ({plan.world_size} ranks)")
     print(f"  run dir: {plan.run_dir}")
@@ -102,6 +181,64 @@ def _submit(args: argparse.Namespace) -> int:
     if final == FINAL_OK and result.is_file():
         print(f"  result:  {result}")
     return 0 if final == FINAL_OK else EXIT_JOB_FAILED
+
+
+def _submit_sweep(args: argparse.Namespace, plan: planning.SubmissionPlan, loaded: Loaded) -> int:
+    elements = expand(loaded)
+    if plan.executor == "local":
+        return _run_local_sweep(plan, loaded, elements)
+    job_id = submitter.submit_sweep(plan, loaded, elements, sys.argv)
+    assert loaded.sweep is not None
+    limit = loaded.sweep.max_parallel
+    print(
+        f"slurmddp: submitted sweep of {len(elements)} elements as array job {job_id} "
+        f"({plan.world_size} ranks each, {f'at most {limit}' if limit else 'no limit on how many'} at once)"
+    )
+    print(f"  sweep dir: {plan.run_dir}")
+    print(f"  status:    python -m slurmddp status {plan.run_dir}")
+    if not args.wait:
+        return 0
+    return _wait_sweep(plan.run_dir)
+
+
+def _run_local_sweep(plan: planning.SubmissionPlan, loaded: Loaded, elements: list[Element]) -> int:
+    """Without Slurm the elements run one after another on this machine."""
+    plan.run_dir.mkdir(parents=True)
+    manifest = submitter.sweep_manifest(plan, loaded, elements, sys.argv)
+    write_json(plan.run_dir / SWEEP, manifest)
+    runs.remember(plan.run_dir, "sweep", plan.job_name, "local")
+    print(f"slurmddp: running a sweep of {len(elements)} elements here, one after another")
+    print(f"  sweep dir: {plan.run_dir}")
+    failed = 0
+    for element in elements:
+        element_plan = planning.build(
+            element.loaded,
+            executor="local",
+            workdir=Path.cwd(),
+            run_dir=plan.run_dir / element.dir_name,
+            interpreter=submitter.interpreter(),
+        )
+        sub = submitter.submit(element_plan, element.loaded, sys.argv, remember=False)
+        submitter.record_submission(plan.run_dir, manifest, sub, element.index)
+        print(f"slurmddp: element {element.index} ({describe(element.overrides)}): job {sub.job_id}")
+        failed += follow(sub, sys.stdout) != FINAL_OK
+    _print_status(plan.run_dir)
+    return EXIT_JOB_FAILED if failed else 0
+
+
+def _wait_sweep(sweep_dir: Path, poll_s: float = 5.0) -> int:
+    target = runs.load(sweep_dir)
+    while any(row.state in runs.ACTIVE_STATES or row.state == "UNKNOWN" for row in runs.rows(target)):
+        time.sleep(poll_s)
+    rows = _print_status(sweep_dir)
+    return 0 if all(row.state == FINAL_OK for row in rows) else EXIT_JOB_FAILED
+
+
+def _print_status(run_dir: Path) -> list[runs.Row]:
+    target = runs.load(run_dir)
+    rows = runs.rows(target)
+    print(report.status_table(target, rows, target.manifest.get("metric")))
+    return rows
 
 
 def _warn_short_lead(plan: planning.SubmissionPlan, loaded: Loaded) -> None:
@@ -118,14 +255,85 @@ def _warn_short_lead(plan: planning.SubmissionPlan, loaded: Loaded) -> None:
 
 
 def _interrupt(args: argparse.Namespace) -> int:
-    print(f"slurmddp: {manage.interrupt(args.run, args.reason)}")
+    print(f"slurmddp: {manage.interrupt(args.run, args.reason, args.index)}")
+    return 0
+
+
+def _status(args: argparse.Namespace) -> int:
+    target = runs.resolve(args.run)
+    rows = runs.rows(target)
+    if args.json:
+        print(json.dumps(report.status_json(target, rows), indent=2))
+    else:
+        print(report.status_table(target, rows, target.manifest.get("metric")))
+    return 0
+
+
+def _logs(args: argparse.Namespace) -> int:
+    target = runs.resolve(args.run)
+    element = target.element(args.index)
+    logs.show(target, element, args.rank, "err" if args.err else "out", args.follow, sys.stdout)
+    return 0
+
+
+def _cancel(args: argparse.Namespace) -> int:
+    cancelled = manage.cancel(args.run, args.index)
+    for line in cancelled:
+        print(f"slurmddp: cancelled {line}")
+    if not cancelled:
+        print("slurmddp: nothing to cancel: no element is pending or running")
+    return 0
+
+
+def _resubmit(args: argparse.Namespace) -> int:
+    job_id, indices = manage.resubmit_failed(args.run, sys.argv)
+    print(f"slurmddp: resubmitted elements {', '.join(map(str, indices))} as job {job_id}")
+    return 0
+
+
+def _list(args: argparse.Namespace) -> int:
+    records = runs.recent(args.limit)
+    if args.json:
+        print(json.dumps(records, indent=2))
+    elif records:
+        print(report.list_table(records))
+    else:
+        print(f"slurmddp: nothing submitted yet (index {runs.index_path()})")
+    return 0
+
+
+def _results(args: argparse.Namespace) -> int:
+    target = runs.resolve(args.run)
+    rows = runs.rows(target)
+    names = report.metric_names(rows)
+    metric = args.metric or target.manifest.get("metric") or (names[0] if names else None)
+    if metric is None:
+        raise SlurmddpError(f"{target.dir}: no metric was logged yet (ctx.log in the training function)")
+    ranked = report.ranked(rows, metric, args.mode or target.manifest.get("mode") or "min")
+    keys = list(target.manifest.get("keys") or [])
+    metrics = [metric, *(m for m in report.metric_names(rows) if m != metric)]
+    csv_path = args.csv or target.dir / "results.csv"
+    write_atomic(csv_path, report.results_csv(ranked, keys, metrics))
+    if args.plot:
+        report.plot(ranked, metric, args.plot)
+    if args.json:
+        print(json.dumps([dataclasses.asdict(row) for row in ranked], indent=2))
+    else:
+        print(report.results_table(ranked, keys, metrics))
+        print(f"slurmddp: wrote {csv_path}" + (f" and {args.plot}" if args.plot else ""))
     return 0
 
 
 def _dryrun(args: argparse.Namespace) -> int:
-    plan, _ = _plan(args)
+    loaded = load_experiment(args.experiment, args.overrides)
+    plan = _plan(loaded)
     for note in plan.notes:
         print(f"# slurmddp: {note}")
+    if loaded.sweep is not None:
+        elements = expand(loaded)
+        print(f"# ---- sweep: {len(elements)} elements ({loaded.sweep.kind}) ----")
+        for element in elements:
+            print(f"# {element.dir_name}: {describe(element.overrides)}")
     if plan.executor == "slurm":
         print("# ---- batch script (sbatch) ----")
         print(submitter.sbatch_script(plan))

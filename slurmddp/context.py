@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -9,6 +11,7 @@ from typing import Any
 from omegaconf import DictConfig
 
 from slurmddp.loop import TrainLoop
+from slurmddp.runs import METRICS
 
 
 @dataclass
@@ -44,6 +47,17 @@ class RunContext:
         section = self.config.train
         assert isinstance(section, DictConfig)
         return section
+
+    def log(self, step: int, **metrics: Any) -> None:
+        """Record metrics (numbers, or one-element tensors) at `step` in RUN_DIR/metrics.jsonl,
+        which `status` and `results` read. Only rank 0 writes; the call is free elsewhere."""
+        if self.rank != 0:
+            return
+        record = {"step": int(step), "time": round(time.time(), 3)}
+        # .item() for tensors: float() on one that requires grad warns.
+        record.update({name: float(getattr(v, "item", lambda v=v: v)()) for name, v in metrics.items()})
+        with (self.run_dir / METRICS).open("a") as handle:
+            handle.write(json.dumps(record) + "\n")
 
     def ddp(self, module: Any, **kwargs: Any) -> Any:
         """Wrap `module` in DistributedDataParallel on this rank's device.

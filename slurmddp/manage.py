@@ -1,51 +1,157 @@
-"""Acting on submitted runs from the login node: find a run, interrupt it."""
+"""Acting on submitted runs and sweeps from the login node: interrupt, cancel, resubmit."""
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import json
+import os
+import signal
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
-from slurmddp import yamlio
-from slurmddp.attempts import INTERRUPT, PROGRESS
+from slurmddp import attempts, runs, submitter, yamlio
+from slurmddp import plan as planning
+from slurmddp.attempts import INTERRUPT, PROGRESS, SWEEP
+from slurmddp.config import Loaded, load_experiment
 from slurmddp.errors import SlurmddpError
 from slurmddp.fsutil import write_json
-from slurmddp.submitter import MANIFEST
+from slurmddp.sweep import Spec
+
+# States `resubmit --failed` reruns: the run ended without completing and was not cancelled.
+FAILED_STATES = frozenset(
+    {"FAILED", "TIMEOUT", "PREEMPTED", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"}
+)
 
 
-def resolve_run(ref: str) -> tuple[Path, str]:
-    """(run directory, job id) from either of them."""
-    path = Path(ref)
-    if (path / MANIFEST).is_file():
-        manifest = json.loads((path / MANIFEST).read_text())
-        return path.resolve(), str(manifest["job_id"])
-    if ref.replace("_", "").isdigit():
-        command = _squeue(ref, "%o")
-        # The batch script is RUN_DIR/logs/JOBID_submission.sh (submitit's folder layout).
-        run_dir = Path(command).parent.parent
-        if (run_dir / MANIFEST).is_file():
-            return run_dir, ref
-        raise SlurmddpError(f"job {ref} is not a slurmddp run (its batch script is {command})")
-    raise SlurmddpError(f"{ref!r} is neither a run directory (no {MANIFEST}) nor a job id")
-
-
-def interrupt(ref: str, reason: str) -> str:
+def interrupt(ref: str, reason: str, index: int | None = None) -> str:
     """Send the running job what Slurm sends on a preemption or near its time limit, and record
     which of the two it stands for; returns what was done."""
-    run_dir, job_id = resolve_run(ref)
-    state = _squeue(job_id, "%T")
-    if state != "RUNNING":
-        raise SlurmddpError(f"job {job_id} is {state}: only a running job can be interrupted")
-    restarts = _scontrol_field(job_id, "Restarts")
-    config: Any = yamlio.load((run_dir / "config.yaml").read_text())
+    target = runs.resolve(ref)
+    element = target.element(index)
+    job = element.job_id
+    state = _squeue(job, "%T") if job else "not submitted"
+    if job is None or state != "RUNNING":
+        raise SlurmddpError(f"job {job} is {state}: only a running job can be interrupted")
+    restarts = _scontrol_field(job, "Restarts")
+    # An array task's own job id is what its ranks see as SLURM_JOB_ID.
+    own_id = _scontrol_field(job, "JobId")
+    config: Any = yamlio.load((element.dir / "config.yaml").read_text())
     signal = str(config.get("requeue", {}).get("signal", "USR2"))
-    write_json(run_dir / INTERRUPT, {"reason": reason, "job_id": job_id, "restart_count": int(restarts)})
+    write_json(element.dir / INTERRUPT, {"reason": reason, "job_id": own_id, "restart_count": int(restarts)})
     # --signal without --batch/--full reaches the steps' tasks only, as `sbatch --signal=SIG@T` does.
-    proc = subprocess.run(["scancel", f"--signal={signal}", job_id], capture_output=True, text=True)
+    proc = subprocess.run(["scancel", f"--signal={signal}", job], capture_output=True, text=True)
     if proc.returncode != 0:
-        raise SlurmddpError(f"scancel --signal={signal} {job_id} failed: {proc.stderr.strip()}")
-    return f"sent SIG{signal} to the ranks of job {job_id} as a {reason}; run dir {run_dir}"
+        raise SlurmddpError(f"scancel --signal={signal} {job} failed: {proc.stderr.strip()}")
+    return f"sent SIG{signal} to the ranks of job {job} as a {reason}; run dir {element.dir}"
+
+
+def cancel(ref: str, index: int | None = None) -> list[str]:
+    """Cancel a run, a whole sweep, or one element; returns a line per element cancelled.
+
+    Each run is marked final in its attempts.jsonl before scancel, so that neither a rank's
+    requeue in flight nor the next batch-script start brings it back.
+    """
+    target = runs.resolve(ref)
+    chosen = target.elements if index is None and target.kind == "sweep" else (target.element(index),)
+    slurm = runs.slurm_states([e.job_id for e in chosen if e.job_id]) if target.executor == "slurm" else {}
+    done = []
+    for element in chosen:
+        state = runs.element_state(target, element, slurm)
+        if state not in runs.ACTIVE_STATES and state != "UNKNOWN":
+            continue
+        attempts.mark(
+            element.dir,
+            {
+                "event": "end",
+                "reason": attempts.CANCELLED,
+                "final": True,
+                "requeue": False,
+                "time": time.time(),
+                "step": None,
+                "message": "cancelled by the user",
+            },
+        )
+        done.append(element)
+    if target.executor == "slurm":
+        # A whole sweep by its array ids (pending tasks included); otherwise by task id.
+        if index is None and target.kind == "sweep":
+            ids = sorted({str(s["job_id"]) for s in target.manifest["submissions"] if s["job_id"]})
+        else:
+            ids = [e.job_id for e in done if e.job_id]
+        if ids:
+            proc = subprocess.run(["scancel", *ids], capture_output=True, text=True)
+            if proc.returncode != 0:
+                raise SlurmddpError(f"scancel {' '.join(ids)}: {proc.stderr.strip()}")
+    else:
+        for element in done:
+            _kill_local(element)
+    return [_label(element) for element in done]
+
+
+def _kill_local(element: runs.Element) -> None:
+    if element.job_id and element.job_id.isdigit():
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(int(element.job_id), signal.SIGTERM)
+
+
+def _label(element: runs.Element) -> str:
+    where = f"element {element.index} " if element.index is not None else ""
+    return f"{where}job {element.job_id} ({element.dir})"
+
+
+def resubmit_failed(ref: str, argv: list[str]) -> tuple[str, list[int]]:
+    """Submit the failed elements of a sweep again, as one new array; each resumes from its own
+    latest checkpoint with fresh budgets. Returns the new array id and the indices."""
+    target = runs.resolve(ref)
+    if target.kind != "sweep":
+        raise SlurmddpError(f"{target.dir} is a single run; resubmit works on sweeps (submit the run again)")
+    if target.executor != "slurm":
+        raise SlurmddpError("resubmit needs Slurm; this sweep ran with the local executor")
+    slurm = runs.slurm_states([e.job_id for e in target.elements if e.job_id])
+    failed = [e for e in target.elements if runs.element_state(target, e, slurm) in FAILED_STATES]
+    if not failed:
+        raise SlurmddpError(f"{target.dir}: no failed elements to resubmit")
+    manifest = json.loads((target.dir / SWEEP).read_text())
+    base = dataclasses.replace(_saved(target.dir, manifest), sweep=_sweep_of(manifest))
+    loaded = [(_saved(element.dir, manifest), element.dir) for element in failed]
+    plan = planning.build(
+        base,
+        executor="slurm",
+        workdir=Path(manifest["workdir"]),
+        run_dir=target.dir,
+        interpreter=submitter.interpreter(),
+        elements=tuple(loaded),
+        submission=len(manifest["submissions"]),
+    )
+    submitter.check_array_size(len(failed), submitter.max_array_size())
+    submitter.check_schedulable(plan)
+    indices = [e.index for e in failed if e.index is not None]
+    for element in failed:
+        attempts.mark(element.dir, {"event": "resubmit", "time": time.time(), "argv": argv})
+    job_id = submitter.submit_array(plan, manifest, indices)
+    return job_id, indices
+
+
+def _saved(run_dir: Path, manifest: dict[str, Any]) -> Loaded:
+    """The experiment as it was submitted, from the config.yaml saved in `run_dir`: the experiment
+    file may have changed since. Its profile is already merged in."""
+    loaded = load_experiment(run_dir / "config.yaml", ["profile=null"])
+    # Relative entrypoints are looked up from the experiment's own directory, as at submit time.
+    return dataclasses.replace(loaded, source=Path(manifest["experiment"]))
+
+
+def _sweep_of(manifest: dict[str, Any]) -> Spec:
+    """What the plan needs of the sweep (its parallelism) as the manifest recorded it."""
+    return Spec(
+        kind="list",
+        elements=(),
+        max_parallel=manifest.get("max_parallel"),
+        metric=manifest.get("metric"),
+        mode=manifest.get("mode", "min"),
+    )
 
 
 def last_save_seconds(output_dir: Path, name: str) -> float | None:

@@ -15,6 +15,7 @@ from typing import Any
 from slurmddp import distenv
 from slurmddp.config import Experiment, Loaded
 from slurmddp.entrypoint import check_function, check_script
+from slurmddp.errors import ConfigError
 from slurmddp.rank import RankSpec
 from slurmddp.slurmtime import minutes_ceil, parse_time
 
@@ -41,15 +42,73 @@ class SubmissionPlan:
     world_size: int
     notes: tuple[str, ...] = field(default=())
     """Things the user should know about this plan (printed by submit and dryrun)."""
+    array: tuple[RankSpec, ...] = field(default=())
+    """For a sweep: one spec per array task, in task order (`rank` is the first)."""
 
 
-def build(loaded: Loaded, *, executor: str, workdir: Path, run_dir: Path, interpreter: str) -> SubmissionPlan:
+def build(
+    loaded: Loaded,
+    *,
+    executor: str,
+    workdir: Path,
+    run_dir: Path,
+    interpreter: str,
+    elements: tuple[tuple[Loaded, Path], ...] = (),
+    submission: int | None = None,
+) -> SubmissionPlan:
     """The plan for `loaded` run from `workdir`, writing to `run_dir`, on `executor`, with the
-    Python `interpreter` (a shell-quoted command)."""
+    Python `interpreter` (a shell-quoted command).
+
+    For a sweep, `run_dir` is the sweep's directory, `elements` the (config, run directory) of each
+    array task in order, and `submission` the number of this submission in the sweep manifest.
+    """
     exp = loaded.experiment
-    rank = RankSpec(
-        function=_maybe(check_function, exp.entrypoint.function, workdir, loaded.source.parent),
-        script=_maybe(check_script, exp.entrypoint.script, workdir, loaded.source.parent),
+    checked: dict[tuple[str, str], str | None] = {}
+    ranks = tuple(
+        rank_spec(element, executor, workdir, element_dir, checked)
+        for element, element_dir in (elements or ((loaded, run_dir),))
+    )
+    if elements:
+        _check_distinct_checkpoints(ranks)
+    folder = run_dir / "logs"
+    if executor == "slurm":
+        parameters = slurm_parameters(exp, run_dir, interpreter, submission)
+        if loaded.sweep is not None:
+            parameters["array_parallelism"] = loaded.sweep.max_parallel or len(ranks)
+        notes = slurm_notes(exp)
+    else:
+        parameters = local_parameters(exp)
+        notes = local_notes(exp)
+    return SubmissionPlan(
+        executor=executor,
+        job_name=exp.name,
+        run_dir=run_dir,
+        folder=folder,
+        python=f"{interpreter} -u -m slurmddp.boot",
+        parameters=parameters,
+        rank=ranks[0],
+        world_size=exp.resources.world_size,
+        notes=notes,
+        array=ranks if elements else (),
+    )
+
+
+def rank_spec(
+    loaded: Loaded, executor: str, workdir: Path, run_dir: Path, checked: dict[tuple[str, str], str | None]
+) -> RankSpec:
+    """What one rank of this experiment is handed; `checked` caches entrypoint checks (a sweep
+    repeats the same entrypoint in every element)."""
+    exp = loaded.experiment
+
+    def check(kind: str, value: str | None) -> str | None:
+        if (kind, str(value)) not in checked:
+            check_fn = check_function if kind == "function" else check_script
+            checked[kind, str(value)] = _maybe(check_fn, value, workdir, loaded.source.parent)
+        return checked[kind, str(value)]
+
+    return RankSpec(
+        function=check("function", exp.entrypoint.function),
+        script=check("script", exp.entrypoint.script),
         args=tuple(exp.entrypoint.args),
         workdir=str(workdir),
         run_dir=str(run_dir),
@@ -63,24 +122,18 @@ def build(loaded: Loaded, *, executor: str, workdir: Path, run_dir: Path, interp
         stop_signals=stop_signals(exp),
         executor=executor,
     )
-    folder = run_dir / "logs"
-    if executor == "slurm":
-        parameters = slurm_parameters(exp, run_dir, interpreter)
-        notes = slurm_notes(exp)
-    else:
-        parameters = local_parameters(exp)
-        notes = local_notes(exp)
-    return SubmissionPlan(
-        executor=executor,
-        job_name=exp.name,
-        run_dir=run_dir,
-        folder=folder,
-        python=f"{interpreter} -u -m slurmddp.boot",
-        parameters=parameters,
-        rank=rank,
-        world_size=exp.resources.world_size,
-        notes=notes,
-    )
+
+
+def _check_distinct_checkpoints(ranks: tuple[RankSpec, ...]) -> None:
+    seen: dict[str, int] = {}
+    for position, rank in enumerate(ranks):
+        if rank.checkpoint_dir in seen:
+            raise ConfigError(
+                f"checkpoint.dir: sweep elements {seen[rank.checkpoint_dir]} and {position} would share "
+                f"{rank.checkpoint_dir} and resume from each other's checkpoints; leave checkpoint.dir "
+                "unset (each element gets RUN_DIR/checkpoints) or vary it in the sweep"
+            )
+        seen[rank.checkpoint_dir] = position
 
 
 def _maybe(
@@ -119,8 +172,11 @@ def render(template: str, **values: Any) -> str:
     return environment.get_template(template).render(**values)
 
 
-def slurm_parameters(exp: Experiment, run_dir: Path, interpreter: str) -> dict[str, Any]:
+def slurm_parameters(
+    exp: Experiment, run_dir: Path, interpreter: str, submission: int | None = None
+) -> dict[str, Any]:
     res = exp.resources
+    submission_args = "" if submission is None else f" --submission {submission}"
     params: dict[str, Any] = {
         "job_name": exp.name,
         "nodes": res.nodes,
@@ -135,8 +191,11 @@ def slurm_parameters(exp: Experiment, run_dir: Path, interpreter: str) -> dict[s
             python=interpreter,
             run_dir=run_dir,
             user_setup=res.setup,
+            submission_args=submission_args,
         ).splitlines(),
-        "teardown": render("teardown.sh.j2", python=interpreter, run_dir=run_dir).splitlines(),
+        "teardown": render(
+            "teardown.sh.j2", python=interpreter, run_dir=run_dir, submission_args=submission_args
+        ).splitlines(),
         # --signal=SIG@LEAD reaches the step's tasks only (B: would send it to the batch shell).
         # --requeue: allowed to requeue even where the cluster's JobRequeue default is 0.
         "additional_parameters": {

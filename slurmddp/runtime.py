@@ -13,15 +13,17 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from slurmddp import attempts, distenv, nccl, signals
+from slurmddp import attempts, distenv, nccl, preflight, provenance, signals
 from slurmddp.attempts import FAILURE as FAILURE_FILE
 from slurmddp.attempts import STOP as STOP_FILE
+from slurmddp.config import Preflight
 from slurmddp.context import RunContext
 from slurmddp.distenv import DistEnv
 from slurmddp.entrypoint import is_file_target
@@ -54,10 +56,32 @@ def run_rank(spec: RankSpec) -> Any:
     os.chdir(spec.workdir)
     if spec.workdir not in sys.path:
         sys.path.insert(0, spec.workdir)
+    if dist.rank == 0:
+        _record_provenance(spec, dist)
     if spec.script is not None:
         return _run_script(spec, dist)
     assert spec.function is not None
     return _run_function(spec, dist, load_function(spec.function))
+
+
+def _record_provenance(spec: RankSpec, dist: DistEnv) -> None:
+    """In a thread: git and `scontrol --version` take tens of ms that the rendezvous need not wait
+    for. A failure to record is reported, never fatal."""
+
+    def run() -> None:
+        try:
+            provenance.record(
+                Path(spec.run_dir),
+                Path(spec.workdir),
+                dict(os.environ),
+                spec.config,
+                dist.job_id,
+                dist.restart_count,
+            )
+        except Exception as exc:
+            print(f"slurmddp: warning: could not record provenance: {exc!r}", file=sys.stderr, flush=True)
+
+    threading.Thread(target=run, name="slurmddp-provenance", daemon=True).start()
 
 
 def fabric_env(spec: RankSpec, dist: DistEnv) -> dict[str, str]:
@@ -106,12 +130,9 @@ def _run_function(spec: RankSpec, dist: DistEnv, function: Callable[[RunContext]
     from omegaconf import OmegaConf
 
     backend = dist.backend if spec.backend == "auto" else spec.backend
+    host = socket.gethostname()
+    preflight.check_device(dist, host, Path(spec.run_dir))
     if dist.device_index is not None:
-        if not torch.cuda.is_available():
-            raise DistEnvError(
-                f"Slurm gave this task GPUs (CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')}) "
-                "but torch sees no CUDA device: is this a CPU-only torch build?"
-            )
         device = torch.device("cuda", dist.device_index)
         torch.cuda.set_device(device)
     else:
@@ -120,6 +141,9 @@ def _run_function(spec: RankSpec, dist: DistEnv, function: Callable[[RunContext]
         check_port_free(dist.master_port)
     tdist.init_process_group(backend=backend, timeout=timedelta(seconds=spec.timeout_s))
     try:
+        settings = Preflight(**spec.config.get("preflight", {}))
+        if settings.enabled:
+            preflight.run(settings, dist, device, host, Path(spec.run_dir))
         config = OmegaConf.create(spec.config)
         OmegaConf.set_readonly(config, True)
         ctx = RunContext(
