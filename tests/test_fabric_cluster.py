@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import subprocess
 import time
 from pathlib import Path
 
 import pytest
+from conftest import wait_for_job
 from test_cluster import QUICKSTART, only_run, slurmddp
 
 from slurmddp import attempts
@@ -74,3 +76,49 @@ def test_an_unreachable_bandwidth_floor_fails_with_the_measured_link(
         ("node2", "node1"),
     }
     assert all(link["gbps"] > 0 for link in record["links"]) and record["bus_gbps"] > 0
+
+
+def test_doctor_reports_the_lab_settings(slurm_env: dict[str, str], tmp_path: Path) -> None:
+    proc = slurmddp(slurm_env, tmp_path, "doctor")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    shown = subprocess.run(
+        ["scontrol", "show", "config"], env=slurm_env, capture_output=True, text=True, check=True
+    ).stdout
+    real = {
+        key.strip(): value.strip()
+        for key, sep, value in (line.partition("=") for line in shown.splitlines())
+        if sep
+    }
+    lines = proc.stdout.splitlines()
+    assert lines[0] == f"slurmddp doctor: Slurm {real['SLURM_VERSION']}, cluster {real['ClusterName']}"
+    expected = {
+        "preempt_send_user_signal": f"SlurmctldParameters={real['SlurmctldParameters']}",
+        "PreemptMode/PreemptType": f"PreemptType={real['PreemptType']} PreemptMode={real['PreemptMode']}",
+        "JobRequeue": real["JobRequeue"],
+        "MaxArraySize": real["MaxArraySize"],
+        "AccountingStorageType": real["AccountingStorageType"],
+    }
+    for name, value in expected.items():
+        (line,) = [line for line in lines if line.split()[1:2] == [name]]
+        assert line.split(None, 2) == ["OK", name, value], line
+    for tool in ("sbatch", "squeue", "sacct", "scontrol", "scancel"):
+        assert any(line.split()[:2] == ["OK", tool] for line in lines), tool
+
+
+def test_doctor_probe_sees_the_stop_signal_on_every_rank(slurm_env: dict[str, str], tmp_path: Path) -> None:
+    out = tmp_path / "runs"
+    started = time.monotonic()
+    proc = slurmddp(
+        slurm_env, tmp_path, "doctor", "--probe", "resources.tasks_per_node=2", f"output_dir={out}"
+    )
+    elapsed = time.monotonic() - started
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    ok = [line for line in proc.stdout.splitlines() if line.startswith("  OK    rank ")]
+    assert len(ok) == 4 and all("got SIGUSR2" in line for line in ok), proc.stdout
+    assert {line.split()[4].rstrip(":") for line in ok} == {"node1", "node2"}
+    assert "the stop signal reached every rank" in proc.stdout
+    job_id = proc.stdout.split("probe job ")[1].split(",")[0]
+    # Ended by itself and will not come back: no run directory left for a requeued copy to start in.
+    assert wait_for_job(job_id, slurm_env, timeout=30) in ("COMPLETED", "CANCELLED")
+    assert not list(out.glob("doctor-probe/*"))
+    assert elapsed < 60, f"the probe took {elapsed:.0f} s"
