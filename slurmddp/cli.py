@@ -13,6 +13,7 @@ from slurmddp import logs, manage, report, runs, submitter
 from slurmddp import plan as planning
 from slurmddp.attempts import SWEEP
 from slurmddp.config import Element, Loaded, expand, load_experiment
+from slurmddp.doctor import main as run_doctor
 from slurmddp.errors import SlurmddpError
 from slurmddp.follow import FINAL_OK, follow
 from slurmddp.fsutil import write_atomic, write_json
@@ -62,6 +63,7 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     kind.add_argument("--timeout", dest="reason", action="store_const", const="timeout")
     interrupt.set_defaults(func=_interrupt)
     commands = {"submit": submit, "dryrun": dryrun, "interrupt": interrupt, **_manage_parsers()}
+    commands["doctor"] = _doctor_parser()
 
     top = argparse.ArgumentParser(prog="slurmddp", description="Multi-node PyTorch DDP on Slurm.")
     top.add_argument(
@@ -143,32 +145,34 @@ def _experiment_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="e.g. resources.nodes=2 lr=0.1")
 
 
-def _plan(loaded: Loaded) -> planning.SubmissionPlan:
+def _plan(loaded: Loaded, elements: list[Element]) -> planning.SubmissionPlan:
+    """The plan of a run, or of a sweep of `elements` (on Slurm one array of them)."""
     exp = loaded.experiment
     run_dir = submitter.new_run_dir(exp.output_dir, exp.name)
     executor = submitter.resolve_executor(exp.executor)
-    elements: tuple[tuple[Loaded, Path], ...] = ()
-    if loaded.sweep is not None and executor == "slurm":
-        elements = tuple((e.loaded, run_dir / e.dir_name) for e in expand(loaded))
+    array: tuple[tuple[Loaded, Path], ...] = ()
+    if elements and executor == "slurm":
+        array = tuple((e.loaded, run_dir / e.dir_name) for e in elements)
     return planning.build(
         loaded,
         executor=executor,
         workdir=Path.cwd(),
         run_dir=run_dir,
         interpreter=submitter.interpreter(),
-        elements=elements,
-        submission=0 if elements else None,
+        elements=array,
+        submission=0 if array else None,
     )
 
 
 def _submit(args: argparse.Namespace) -> int:
     loaded = load_experiment(args.experiment, args.overrides)
-    plan = _plan(loaded)
+    elements = expand(loaded) if loaded.sweep is not None else []
+    plan = _plan(loaded, elements)
     for note in plan.notes:
         print(f"slurmddp: {note}")
     _warn_short_lead(plan, loaded)
     if loaded.sweep is not None:
-        return _submit_sweep(args, plan, loaded)
+        return _submit_sweep(args, plan, loaded, elements)
     sub = submitter.submit(plan, loaded, sys.argv)
     print(f"slurmddp: submitted {plan.executor} job {sub.job_id} ({plan.world_size} ranks)")
     print(f"  run dir: {plan.run_dir}")
@@ -183,8 +187,9 @@ def _submit(args: argparse.Namespace) -> int:
     return 0 if final == FINAL_OK else EXIT_JOB_FAILED
 
 
-def _submit_sweep(args: argparse.Namespace, plan: planning.SubmissionPlan, loaded: Loaded) -> int:
-    elements = expand(loaded)
+def _submit_sweep(
+    args: argparse.Namespace, plan: planning.SubmissionPlan, loaded: Loaded, elements: list[Element]
+) -> int:
     if plan.executor == "local":
         return _run_local_sweep(plan, loaded, elements)
     job_id = submitter.submit_sweep(plan, loaded, elements, sys.argv)
@@ -326,11 +331,11 @@ def _results(args: argparse.Namespace) -> int:
 
 def _dryrun(args: argparse.Namespace) -> int:
     loaded = load_experiment(args.experiment, args.overrides)
-    plan = _plan(loaded)
+    elements = expand(loaded) if loaded.sweep is not None else []
+    plan = _plan(loaded, elements)
     for note in plan.notes:
         print(f"# slurmddp: {note}")
     if loaded.sweep is not None:
-        elements = expand(loaded)
         print(f"# ---- sweep: {len(elements)} elements ({loaded.sweep.kind}) ----")
         for element in elements:
             print(f"# {element.dir_name}: {describe(element.overrides)}")
@@ -347,3 +352,24 @@ def _dryrun(args: argparse.Namespace) -> int:
             print(f"{key}={value}")
     print(f"# nothing was submitted; the run directory would be {plan.run_dir}")
     return 0
+
+
+def _doctor_parser() -> argparse.ArgumentParser:
+    doctor = argparse.ArgumentParser(
+        prog="slurmddp doctor",
+        description="Check the Slurm tools and the cluster settings slurmddp relies on.",
+    )
+    doctor.add_argument(
+        "--probe",
+        action="store_true",
+        help="also submit a small 2-node job, send it the stop signal and check that every rank saw it",
+    )
+    doctor.add_argument(
+        "overrides", nargs="*", metavar="KEY=VALUE", help="for the probe job, e.g. resources.partition=debug"
+    )
+    doctor.set_defaults(func=_doctor)
+    return doctor
+
+
+def _doctor(args: argparse.Namespace) -> int:
+    return run_doctor(sys.stdout, args.probe, args.overrides)

@@ -183,7 +183,8 @@ def slurm_parameters(
         "ntasks_per_node": res.ranks_per_node,
         "cpus_per_task": res.cpus_per_task,
         "time": minutes_ceil(parse_time(res.time)),
-        "srun_args": list(SRUN_ARGS),
+        # launcher mpi: srun's MPI plugin is what lets MPI_Init in each task find its peers.
+        "srun_args": [*SRUN_ARGS, *([f"--mpi={exp.dist.srun_mpi}"] if exp.dist.launcher == "mpi" else [])],
         "signal_delay_s": exp.requeue.signal_lead_s,
         "setup": render(
             "setup.sh.j2",

@@ -20,7 +20,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from slurmddp import attempts, distenv, nccl, preflight, provenance, signals
+from slurmddp import attempts, distenv, mpilaunch, nccl, preflight, provenance, signals
 from slurmddp.attempts import FAILURE as FAILURE_FILE
 from slurmddp.attempts import STOP as STOP_FILE
 from slurmddp.config import Preflight
@@ -47,7 +47,11 @@ def run_rank(spec: RankSpec) -> Any:
     """Run one rank of the job described by `spec` in the current task."""
     # Back to our flag first: submitit's runner put its own handlers in just before calling us.
     signals.install(spec.stop_signals)
-    dist = distenv.derive(os.environ, port=spec.port)
+    launcher = spec.config.get("dist", {}).get("launcher", "auto")
+    if mpilaunch.choose(launcher, os.environ) == "mpi":
+        dist = mpilaunch.derive({**os.environ, **spec.env}, port=spec.port)
+    else:
+        dist = distenv.derive(os.environ, port=spec.port)
     # Before torch is imported: OMP_NUM_THREADS and NCCL_* are read at import / init time.
     os.environ.update(distenv.rank_env(dist))
     os.environ.update(fabric_env(spec, dist))

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import submitit
+import yaml
 from submitit.core.utils import FailedJobError
 from submitit.slurm.slurm import _make_sbatch_string
 
@@ -257,6 +258,7 @@ def _executor(plan: planning.SubmissionPlan) -> Any:
 
 
 def _yaml(data: dict[str, Any]) -> str:
-    from omegaconf import OmegaConf
-
-    return OmegaConf.to_yaml(OmegaConf.create(data))
+    # PyYAML directly: OmegaConf.to_yaml builds a config first (~20 ms each, most of a 1000-element
+    # sweep's submit). The safe dumper quotes strings a YAML 1.1 reader would take for numbers.
+    dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)  # libyaml's emitter, ~10x faster
+    return str(yaml.dump(data, Dumper=dumper, sort_keys=False, default_flow_style=False, allow_unicode=True))
