@@ -89,12 +89,24 @@ def derive(env: Mapping[str, str], port: int | None = None) -> DistEnv:
     nodes = list(dict.fromkeys(hosts))
     picked = (rendezvous_address(env), port or free_port()) if world.Get_rank() == 0 else None
     addr, chosen_port = world.bcast(picked, root=0)
-    local_rank = node.Get_rank()
+    local_rank, local_size = node.Get_rank(), node.Get_size()
+    rank, size = world.Get_rank(), world.Get_size()
+    library = MPI.Get_library_version().splitlines()[0].strip()
+    # MPI's part ends here. Left initialised, MPICH 5.0 finalised at exit alongside torch's threads
+    # and a rank sometimes died in std::terminate there (seen on the lab under srun --mpi=pmi2).
+    node.Free()
+    MPI.Finalize()
+    if rank == 0:
+        print(
+            f"slurmddp: ranks from MPI ({library}): {size} on {len(nodes)} node(s); "
+            f"rank 0 listens on {addr}:{chosen_port}",
+            flush=True,
+        )
     return DistEnv(
-        rank=world.Get_rank(),
+        rank=rank,
         local_rank=local_rank,
-        world_size=world.Get_size(),
-        local_world_size=node.Get_size(),
+        world_size=size,
+        local_world_size=local_size,
         node_rank=nodes.index(host),
         num_nodes=len(nodes),
         master_addr=addr,

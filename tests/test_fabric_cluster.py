@@ -122,3 +122,35 @@ def test_doctor_probe_sees_the_stop_signal_on_every_rank(slurm_env: dict[str, st
     assert wait_for_job(job_id, slurm_env, timeout=30) in ("COMPLETED", "CANCELLED")
     assert not list(out.glob("doctor-probe/*"))
     assert elapsed < 60, f"the probe took {elapsed:.0f} s"
+
+
+def test_mpi_launcher_on_slurm_runs_ddp_across_two_nodes(slurm_env: dict[str, str], tmp_path: Path) -> None:
+    from test_mpi import mpi_library_error
+
+    listed = subprocess.run(["srun", "--mpi=list"], env=slurm_env, capture_output=True, text=True)
+    plugins = listed.stdout + listed.stderr  # Slurm 22.05 prints the list on stderr
+    if "pmi2" not in plugins.split():
+        pytest.skip(f"this Slurm build has no mpi/pmi2 plugin (srun --mpi=list: {plugins.split()})")
+    problem = mpi_library_error()
+    if problem is not None:
+        pytest.skip(f"mpi4py cannot load an MPI library: {problem}")
+    out = tmp_path / "runs"
+    proc = slurmddp(
+        slurm_env,
+        tmp_path,
+        "submit",
+        str(QUICKSTART),
+        "dist.launcher=mpi",
+        "train.steps=10",
+        f"output_dir={out}",
+        "--wait",
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "ranks from MPI (MPICH" in proc.stdout and ": 4 on 2 node(s)" in proc.stdout
+    run = only_run(out)
+    submitted = next((run / "logs").glob("*_submission.sh")).read_text()
+    assert "--mpi=pmi2" in submitted
+    result = json.loads((run / "result.json").read_text())
+    assert (result["world_size"], result["num_nodes"]) == (4, 2)
+    assert len({r["param_sha256"] for r in result["ranks"]}) == 1
+    assert len([r for r in attempts.read_attempts(run) if r["event"] == "begin"]) == 1
