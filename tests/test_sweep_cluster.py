@@ -175,3 +175,158 @@ def test_grid_of_six_runs_two_at_a_time_and_results_rank_them(
     version = subprocess.run(["scontrol", "--version"], env=env, capture_output=True, text=True).stdout
     assert prov["slurm"] == version.strip() and prov["packages"]["torch"].startswith("2.")
     assert prov["nodes"] and prov["config"]["train"]["lr"] == rows[2]["overrides"]["train.lr"]
+
+
+def final_hash(run: Path) -> str:
+    result = json.loads((run / "result.json").read_text())
+    hashes = {r["param_sha256"] for r in result["ranks"]}
+    assert len(hashes) == 1, "ranks disagree"
+    return hashes.pop()
+
+
+def test_a_preempted_element_alone_is_requeued_and_resumes_exactly(
+    slurm_env: dict[str, str], tmp_path: Path
+) -> None:
+    env = user_env(slurm_env, tmp_path)
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "quickstart_train.py").write_text((ROOT / "examples" / "quickstart_train.py").read_text())
+    # Three elements that train identically (train.tag is read by nobody), each filling a node.
+    (work / "same.yaml").write_text(
+        "entrypoint: quickstart_train.py:train\n"
+        "resources: {nodes: 1, tasks_per_node: 2, cpus_per_task: 2, time: '00:10:00'}\n"
+        "train: {steps: 300, global_batch: 64, width: 128, classes: 10, lr: 0.05, momentum: 0.9,\n"
+        "        seed: 0, dtype: float32, log_every: 100}\n"
+        "sweep:\n  list: [{train.tag: a}, {train.tag: b}, {train.tag: c}]\n  max_parallel: 3\n"
+    )
+    out = tmp_path / "runs"
+    ok(cli(env, work, "submit", "same.yaml", f"output_dir={out}"))
+    sweep = only_sweep(out)
+    array_id = manifest(sweep)["submissions"][0]["job_id"]
+    dirs = [sweep / e["dir"] for e in manifest(sweep)["elements"]]
+
+    def step_of(run: Path) -> int:
+        try:
+            return int(json.loads((run / "progress.json").read_text())["step"])
+        except (OSError, ValueError, KeyError):
+            return -1
+
+    wait_until("all three elements training", lambda: all(step_of(d) >= 20 for d in dirs))
+    node = subprocess.run(
+        ["squeue", "-h", "-j", f"{array_id}_1", "-o", "%N"], env=env, capture_output=True, text=True
+    ).stdout.strip()
+    assert node, "element 1 is not running"
+    # A high-priority job that needs every core of element 1's node, and only that node.
+    subprocess.run(
+        [
+            "sbatch",
+            "-p",
+            "high",
+            "-w",
+            node,
+            "-c",
+            "4",
+            "-t",
+            "1",
+            "-o",
+            str(tmp_path / "high.out"),
+            "--wrap",
+            "sleep 3",
+        ],
+        env=env,
+        check=True,
+        capture_output=True,
+    )
+    assert set(wait_for_job(array_id, env, timeout=400).split(",")) == {"COMPLETED"}
+
+    rows = status(env, tmp_path, str(sweep))
+    assert [r["state"] for r in rows] == ["COMPLETED"] * 3
+    assert [r["attempts"] for r in rows] == [1, 2, 1], rows
+    reasons = [
+        json.loads(line)["reason"]
+        for line in (dirs[1] / "attempts.jsonl").read_text().splitlines()
+        if "reason" in line
+    ]
+    assert reasons == ["preemption", "completed"]
+    # The preempted element ends with the same parameters, bit for bit, as its untouched twins.
+    assert final_hash(dirs[1]) == final_hash(dirs[0]) == final_hash(dirs[2])
+
+
+def test_cancel_one_element_and_resubmit_exactly_the_failed_one(
+    slurm_env: dict[str, str], tmp_path: Path
+) -> None:
+    env = user_env(slurm_env, tmp_path)
+    work = tmp_path / "work"
+    work.mkdir()
+    fail_flag = tmp_path / "fail-while-this-exists"
+    fail_flag.write_text("")
+    (work / "steps.py").write_text(
+        "import time\nfrom pathlib import Path\n\n\n"
+        "def main(ctx):\n"
+        "    for step in ctx.loop(ctx.train.steps):\n"
+        "        time.sleep(ctx.train.sleep)\n"
+        "        if ctx.train.fail_if and Path(ctx.train.fail_if).exists() and step == 3:\n"
+        "            raise RuntimeError('told to fail')\n"
+        "        ctx.log(step, value=step)\n"
+        "    return {'done': True}\n"
+    )
+    (work / "three.yaml").write_text(
+        "entrypoint: steps.py:main\nresources: {tasks_per_node: 1}\nrequeue: {max_failures: 0}\n"
+        "train: {steps: 10, sleep: 0.05, fail_if: null}\n"
+        f"sweep:\n  list: [{{steps: 1000, sleep: 1.0}}, {{sleep: 0.01}}, {{fail_if: '{fail_flag}'}}]\n"
+    )
+    out = tmp_path / "runs"
+    ok(cli(env, work, "submit", "three.yaml", f"output_dir={out}"))
+    sweep = only_sweep(out)
+    array_id = manifest(sweep)["submissions"][0]["job_id"]
+    dirs = [sweep / e["dir"] for e in manifest(sweep)["elements"]]
+    wait_until("element 0 running", lambda: (dirs[0] / "metrics.jsonl").is_file())
+
+    cancelled = ok(cli(env, tmp_path, "cancel", str(sweep), "--index", "0"))
+    assert f"element 0 job {array_id}_0" in cancelled
+    wait_for_job(array_id, env)
+    time.sleep(3)  # room for a wrongly requeued element 0 to show up
+    assert [r["state"] for r in status(env, tmp_path, str(sweep))] == ["CANCELLED", "COMPLETED", "FAILED"]
+    assert not subprocess.run(
+        ["squeue", "-h", "-j", array_id], env=env, capture_output=True, text=True
+    ).stdout
+
+    fail_flag.unlink()
+    said = ok(cli(env, tmp_path, "resubmit", str(sweep), "--failed"))
+    second = manifest(sweep)["submissions"][1]
+    assert second["elements"] == [2] and f"resubmitted elements 2 as job {second['job_id']}" in said
+    assert wait_for_job(second["job_id"], env) == "COMPLETED"
+    rows = status(env, tmp_path, str(sweep))
+    assert [r["state"] for r in rows] == ["CANCELLED", "COMPLETED", "COMPLETED"]
+    assert [begins(d) for d in dirs] == [1, 1, 2]
+    assert rows[2]["job_id"] == second["job_id"] and rows[0]["job_id"] == f"{array_id}_0"
+    # Nothing left to resubmit.
+    again = cli(env, tmp_path, "resubmit", str(sweep), "--failed")
+    assert again.returncode == 2 and "no failed elements" in again.stderr
+
+
+@pytest.mark.parametrize(
+    ("sweep", "message"),
+    [
+        ("{random: {trials: 1002, params: {lr: {log_uniform: [0.0001, 0.1]}}}}", "MaxArraySize is 1001"),
+        ("{grid: {lr: []}}", "sweep.grid.train.lr: needs a non-empty list"),
+        ("{random: {params: {lr: {uniform: [0, 1]}}}}", "needs trials"),
+        ("{grid: {lr: [0.1], train.lr: [0.2]}}", "set the same setting (train.lr)"),
+        ("{grid: {lrr: [0.1]}}", "unknown key 'lrr' (did you mean 'lr'?)"),
+        ("{grid: {resources.nodes: [1, 2]}}", "cannot vary within a sweep"),
+    ],
+)
+def test_bad_sweeps_are_refused_and_nothing_is_submitted(
+    slurm_env: dict[str, str], tmp_path: Path, sweep: str, message: str
+) -> None:
+    env = user_env(slurm_env, tmp_path)
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "quickstart_train.py").write_text((ROOT / "examples" / "quickstart_train.py").read_text())
+    out = tmp_path / "runs"
+    before = subprocess.run(["squeue", "-h", "-o", "%i"], env=env, capture_output=True, text=True).stdout
+    proc = cli(env, work, "submit", str(SWEEP), f"sweep={sweep}", f"output_dir={out}")
+    assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+    assert not out.exists() or not any(out.rglob("*.json"))
+    after = subprocess.run(["squeue", "-h", "-o", "%i"], env=env, capture_output=True, text=True).stdout
+    assert after == before
