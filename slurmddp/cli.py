@@ -233,8 +233,12 @@ def _run_local_sweep(plan: planning.SubmissionPlan, loaded: Loaded, elements: li
 
 def _wait_sweep(sweep_dir: Path, poll_s: float = 5.0) -> int:
     target = runs.load(sweep_dir)
-    while any(row.state in runs.ACTIVE_STATES or row.state == "UNKNOWN" for row in runs.rows(target)):
-        time.sleep(poll_s)
+    quiet = 0
+    # Two quiet polls in a row: a requeued element can be between two states for a moment.
+    while quiet < 2:
+        active = any(row.state in runs.ACTIVE_STATES for row in runs.rows(target))
+        quiet = 0 if active else quiet + 1
+        time.sleep(poll_s if active else 1.0)
     rows = _print_status(sweep_dir)
     return 0 if all(row.state == FINAL_OK for row in rows) else EXIT_JOB_FAILED
 

@@ -200,7 +200,16 @@ def test_a_preempted_element_alone_is_requeued_and_resumes_exactly(
         "sweep:\n  list: [{train.tag: a}, {train.tag: b}, {train.tag: c}]\n  max_parallel: 3\n"
     )
     out = tmp_path / "runs"
-    ok(cli(env, work, "submit", "same.yaml", f"output_dir={out}"))
+    waiting = subprocess.Popen(
+        [sys.executable, "-m", "slurmddp", "submit", "same.yaml", f"output_dir={out}", "--wait"],
+        env=env,
+        cwd=work,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    wait_until("the sweep submitted", lambda: any(out.glob("*/*/sweep.json")))
+    wait_until("the array job id recorded", lambda: manifest(only_sweep(out))["submissions"][0]["job_id"])
     sweep = only_sweep(out)
     array_id = manifest(sweep)["submissions"][0]["job_id"]
     dirs = [sweep / e["dir"] for e in manifest(sweep)["elements"]]
@@ -237,7 +246,11 @@ def test_a_preempted_element_alone_is_requeued_and_resumes_exactly(
         check=True,
         capture_output=True,
     )
-    assert set(wait_for_job(array_id, env, timeout=400).split(",")) == {"COMPLETED"}
+    # `submit --wait` follows the sweep to its end and exits 0 only if every element completed.
+    said, _ = waiting.communicate(timeout=400)
+    assert waiting.returncode == 0, said
+    assert "3 completed" in said
+    assert set(wait_for_job(array_id, env).split(",")) == {"COMPLETED"}
 
     rows = status(env, tmp_path, str(sweep))
     assert [r["state"] for r in rows] == ["COMPLETED"] * 3
@@ -281,10 +294,20 @@ def test_cancel_one_element_and_resubmit_exactly_the_failed_one(
     array_id = manifest(sweep)["submissions"][0]["job_id"]
     dirs = [sweep / e["dir"] for e in manifest(sweep)["elements"]]
     wait_until("element 0 running", lambda: (dirs[0] / "metrics.jsonl").is_file())
+    following = subprocess.Popen(
+        [sys.executable, "-m", "slurmddp", "logs", str(sweep), "--index", "0", "--err", "-f"],
+        env=env,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
 
     cancelled = ok(cli(env, tmp_path, "cancel", str(sweep), "--index", "0"))
     assert f"element 0 job {array_id}_0" in cancelled
     wait_for_job(array_id, env)
+    # `logs -f` printed the log as it grew (slurmstepd's cancel notice came after it started) and
+    # returned once the element was cancelled.
+    followed, _ = following.communicate(timeout=30)
+    assert following.returncode == 0 and "CANCELLED AT" in followed
     time.sleep(3)  # room for a wrongly requeued element 0 to show up
     assert [r["state"] for r in status(env, tmp_path, str(sweep))] == ["CANCELLED", "COMPLETED", "FAILED"]
     assert not subprocess.run(
