@@ -215,7 +215,7 @@ def slurm_states(job_ids: list[str]) -> dict[str, str]:
     """The Slurm state of each job or array task id: squeue for what is queued, sacct for the rest.
 
     One call of each for any number of ids: `squeue -r` lists an array's tasks one per line, and
-    `sacct --array` does the same for tasks that have left the queue.
+    sacct lists each task that ran as ARRAYID_TASK (22.05 has no `sacct --array`).
     """
     if not job_ids:
         return {}
@@ -231,7 +231,7 @@ def slurm_states(job_ids: list[str]) -> dict[str, str]:
         return queued
     states: dict[str, str] = {}
     proc = subprocess.run(
-        ["sacct", "-X", "-n", "-P", "--array", "-j", ",".join(bases), "-o", "JobID,State"],
+        ["sacct", "-X", "-n", "-P", "-j", ",".join(bases), "-o", "JobID,State"],
         capture_output=True,
         text=True,
     )

@@ -93,7 +93,18 @@ def check_schedulable(plan: planning.SubmissionPlan) -> None:
     )
     if proc.returncode != 0:
         said = proc.stderr.strip() or proc.stdout.strip()
-        raise SubmitError(f"sbatch refused the job; nothing was submitted. sbatch said:\n{said}")
+        raise SubmitError(f"sbatch refused the job; nothing was submitted. sbatch said:\n{said}{_hint(said)}")
+
+
+def _hint(said: str) -> str:
+    # Seen on 22.05.8: slurmctld logs "MaxJobCount limit from slurm.conf reached" and sbatch only
+    # says this. Ended jobs (each task of a cancelled array) count until MinJobAge has passed.
+    if "Resource temporarily unavailable" in said:
+        return (
+            "\nslurmctld is busy or holds MaxJobCount jobs (ended ones count until MinJobAge has "
+            "passed); retry in a minute, or ask the admins which limit was hit"
+        )
+    return ""
 
 
 def submit(
@@ -112,7 +123,10 @@ def submit(
             job = executor.submit(Rank(plan.rank))
     except FailedJobError as exc:
         shutil.rmtree(plan.run_dir, ignore_errors=True)
-        raise SubmitError(f"sbatch refused the job; nothing was submitted. sbatch said:\n{exc}") from None
+        said = str(exc)
+        raise SubmitError(
+            f"sbatch refused the job; nothing was submitted. sbatch said:\n{said}{_hint(said)}"
+        ) from None
     except BaseException:
         shutil.rmtree(plan.run_dir, ignore_errors=True)
         raise
@@ -239,7 +253,10 @@ def submit_array(plan: planning.SubmissionPlan, manifest: dict[str, Any], indice
     except FailedJobError as exc:
         manifest["submissions"].pop()
         write_json(sweep_dir / SWEEP, manifest)
-        raise SubmitError(f"sbatch refused the sweep; nothing was submitted. sbatch said:\n{exc}") from None
+        said = str(exc)
+        raise SubmitError(
+            f"sbatch refused the sweep; nothing was submitted. sbatch said:\n{said}{_hint(said)}"
+        ) from None
     # submitit names array tasks ARRAYID_TASK; a one-element batch is a plain job.
     job_id = str(jobs[0].job_id).split("_")[0]
     submission["job_id"] = job_id

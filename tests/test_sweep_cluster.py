@@ -85,13 +85,15 @@ def running_tasks(env: dict[str, str], array_id: str) -> int:
 def max_overlap(env: dict[str, str], array_id: str) -> int:
     """The most array tasks whose [Start, End] intervals (sacct, 1 s resolution) overlap."""
     proc = subprocess.run(
-        ["sacct", "-X", "-n", "-P", "--array", "-j", array_id, "-o", "JobID,Start,End"],
+        ["sacct", "-X", "-n", "-P", "-j", array_id, "-o", "JobID,Start,End"],
         env=env,
         capture_output=True,
         text=True,
     )
+    lines = proc.stdout.splitlines()
+    assert len(lines) == 6, f"sacct lists {len(lines)} tasks of {array_id}: {proc.stdout}{proc.stderr}"
     events = []
-    for line in proc.stdout.splitlines():
+    for line in lines:
         _, start, end = line.split("|")
         # Half-open: an element that ends in the second the next one starts does not overlap it.
         events += [(start, 1), (end, -1)]
