@@ -150,7 +150,7 @@ def load(path: Path) -> Target:
     path = path.resolve()
     if (path / SWEEP).is_file():
         return _load_sweep(path)
-    if (path.parent / SWEEP).is_file() and not (path / MANIFEST).is_file():
+    if (path.parent / SWEEP).is_file():  # an element's directory (a local one has a manifest too)
         return _load_sweep(path.parent)
     if (path / MANIFEST).is_file():
         manifest = _read_json(path / MANIFEST)

@@ -92,3 +92,53 @@ def test_stop_signal_saves_and_resumes_bit_exact(tmp_path: Path) -> None:
         for p in (*(tmp_path / "ref" / "runs").glob("quickstart/*/result.json"), run / "result.json")
     }
     assert len(digests) == 1, "the interrupted run ended with other parameters"
+
+
+def test_a_local_sweep_runs_its_elements_one_after_another(tmp_path: Path) -> None:
+    (tmp_path / "steps.py").write_text(
+        "def main(ctx):\n"
+        "    for step in ctx.loop(ctx.train.steps):\n"
+        "        ctx.log(step, value=ctx.train.scale * step)\n"
+        "    return {'scale': ctx.train.scale}\n"
+    )
+    exp = tmp_path / "two.yaml"
+    exp.write_text(
+        "entrypoint: steps.py:main\nresources: {tasks_per_node: 2}\ntrain: {steps: 5, scale: 1}\n"
+        "sweep: {list: [{scale: 2}, {scale: 3}], metric: value, mode: max}\n"
+    )
+    env = {**os.environ, "XDG_STATE_HOME": str(tmp_path / "state")}
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "slurmddp",
+            "submit",
+            str(exp),
+            "executor=local",
+            f"output_dir={tmp_path / 'runs'}",
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "2 completed" in proc.stdout
+    status = subprocess.run(
+        [sys.executable, "-m", "slurmddp", "status", "--json"], env=env, capture_output=True, text=True
+    )
+    rows = json.loads(status.stdout)["elements"]
+    assert [(r["state"], r["overrides"], r["metrics"]["value"]) for r in rows] == [
+        ("COMPLETED", {"train.scale": 2}, 8.0),
+        ("COMPLETED", {"train.scale": 3}, 12.0),
+    ]
+    results = subprocess.run(
+        [sys.executable, "-m", "slurmddp", "results", rows[0]["dir"]], env=env, capture_output=True, text=True
+    )
+    assert results.returncode == 0, results.stderr
+    assert [line.split()[0] for line in results.stdout.splitlines()[1:3]] == ["1", "0"]  # max first
+    for row, scale in zip(rows, (2, 3), strict=True):
+        assert json.loads((Path(row["dir"]) / "result.json").read_text())["result"] == {"scale": scale}
+        (record,) = (Path(row["dir"]) / "provenance").glob("*.json")
+        assert json.loads(record.read_text())["config"]["train"]["scale"] == scale

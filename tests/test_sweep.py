@@ -331,3 +331,48 @@ def test_dryrun_of_a_sweep_lists_its_elements(tmp_path: Path, capsys: pytest.Cap
         f"lr={lr} width={width}" for lr in (0.01, 0.05, 0.2) for width in (128, 256)
     ]
     assert not tmp_path.joinpath("sweep").exists()
+
+
+def test_provenance_records_the_commit_and_the_dirty_diff(tmp_path: Path) -> None:
+    from slurmddp import provenance
+
+    repo = tmp_path / "code"
+    repo.mkdir()
+    git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run([*git, "init", "-q"], check=True)
+    (repo / "train.py").write_text("lr = 1\n")
+    subprocess.run([*git, "add", "train.py"], check=True)
+    subprocess.run([*git, "commit", "-qm", "first"], check=True)
+    commit = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    (repo / "train.py").write_text("lr = 2\n")
+    (repo / "new.py").write_text("")
+    run = tmp_path / "run"
+    path = provenance.record(run, repo, {"SLURM_JOB_NODELIST": "node[1-2]"}, {"train": {}}, "41", 2)
+    data = json.loads(path.read_text())
+    assert path.name == "41-2.json" and data["restart_count"] == 2
+    assert data["git"]["commit"] == commit and data["git"]["dirty"] and data["git"]["untracked"] == ["new.py"]
+    assert "+lr = 2" in (run / "provenance" / data["git"]["diff_file"]).read_text()
+    assert data["nodes"] == ["node1", "node2"] and data["packages"]["omegaconf"]
+    # Outside a repository there is no git record, and no diff file.
+    outside = json.loads(provenance.record(run, tmp_path / "run", {}, {}, "42", 0).read_text())
+    assert outside["git"] is None
+
+
+def test_the_index_finds_the_newest_submission_and_job_ids(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    with pytest.raises(SlurmddpError, match="nothing submitted yet"):
+        runs.resolve(None)
+    for job in ("7", "8"):
+        run = tmp_path / f"run{job}"
+        run.mkdir()
+        (run / "manifest.json").write_text(
+            json.dumps({"job_id": job, "logs": str(run / "logs"), "executor": "slurm"})
+        )
+        runs.remember(run, "run", "exp", job)
+    assert runs.resolve(None).dir == tmp_path / "run8"
+    assert runs.resolve("7").dir == tmp_path / "run7"
+    assert [r["job_id"] for r in runs.recent(5)] == ["8", "7"]
+    with pytest.raises(SlurmddpError, match="neither a run or sweep directory nor a job id"):
+        runs.resolve("no-such-thing")
