@@ -130,19 +130,7 @@ def submit(
     except BaseException:
         shutil.rmtree(plan.run_dir, ignore_errors=True)
         raise
-    manifest = {
-        "name": plan.job_name,
-        "executor": plan.executor,
-        "job_id": str(job.job_id),
-        "submitted_at": dt.datetime.now().isoformat(timespec="seconds"),
-        "experiment": str(loaded.source.resolve()),
-        "overrides": list(loaded.overrides),
-        "argv": argv,
-        "workdir": plan.rank.workdir,
-        "run_dir": str(plan.run_dir),
-        "world_size": plan.world_size,
-        "logs": str(plan.folder),
-    }
+    manifest = {**_described(plan, loaded, argv), "job_id": str(job.job_id)}
     write_json(plan.run_dir / MANIFEST, manifest)
     if remember:
         runs.remember(plan.run_dir, "run", plan.job_name, str(job.job_id))
@@ -202,17 +190,8 @@ def sweep_manifest(
     assert loaded.sweep is not None
     write_atomic(plan.run_dir / CONFIG, _yaml(loaded.resolved))
     return {
+        **_described(plan, loaded, argv),
         "kind": "sweep",
-        "name": plan.job_name,
-        "executor": plan.executor,
-        "submitted_at": dt.datetime.now().isoformat(timespec="seconds"),
-        "experiment": str(loaded.source.resolve()),
-        "overrides": list(loaded.overrides),
-        "argv": argv,
-        "workdir": plan.rank.workdir,
-        "run_dir": str(plan.run_dir),
-        "world_size": plan.world_size,
-        "logs": str(plan.folder),
         "max_parallel": loaded.sweep.max_parallel,
         "metric": loaded.sweep.metric,
         "mode": loaded.sweep.mode,
@@ -262,6 +241,22 @@ def submit_array(plan: planning.SubmissionPlan, manifest: dict[str, Any], indice
     submission["job_id"] = job_id
     write_json(sweep_dir / SWEEP, manifest)
     return job_id
+
+
+def _described(plan: planning.SubmissionPlan, loaded: Loaded, argv: list[str]) -> dict[str, Any]:
+    """What a run's or a sweep's manifest says of how it was submitted."""
+    return {
+        "name": plan.job_name,
+        "executor": plan.executor,
+        "submitted_at": dt.datetime.now().isoformat(timespec="seconds"),
+        "experiment": str(loaded.source.resolve()),
+        "overrides": list(loaded.overrides),
+        "argv": argv,
+        "workdir": plan.rank.workdir,
+        "run_dir": str(plan.run_dir),
+        "world_size": plan.world_size,
+        "logs": str(plan.folder),
+    }
 
 
 def _executor(plan: planning.SubmissionPlan) -> Any:

@@ -14,22 +14,12 @@ from typing import Any
 
 import pytest
 from conftest import wait_for_job
+from test_cluster import slurmddp as cli
 
 ROOT = Path(__file__).resolve().parents[1]
 SWEEP = ROOT / "examples" / "sweep.yaml"
 
 pytestmark = pytest.mark.slurm
-
-
-def cli(env: dict[str, str], cwd: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "slurmddp", *args],
-        env=env,
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
 
 
 def ok(proc: subprocess.CompletedProcess[str]) -> str:
@@ -40,6 +30,14 @@ def ok(proc: subprocess.CompletedProcess[str]) -> str:
 def user_env(slurm_env: dict[str, str], tmp_path: Path) -> dict[str, str]:
     """The lab's environment with this test's own index of submissions."""
     return {**slurm_env, "XDG_STATE_HOME": str(tmp_path / "state")}
+
+
+def workdir(tmp_path: Path) -> Path:
+    """A submit directory holding the quickstart's training code."""
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "quickstart_train.py").write_text((ROOT / "examples" / "quickstart_train.py").read_text())
+    return work
 
 
 def only_sweep(out: Path) -> Path:
@@ -108,9 +106,7 @@ def test_grid_of_six_runs_two_at_a_time_and_results_rank_them(
     slurm_env: dict[str, str], tmp_path: Path
 ) -> None:
     env = user_env(slurm_env, tmp_path)
-    work = tmp_path / "work"
-    work.mkdir()
-    (work / "quickstart_train.py").write_text((ROOT / "examples" / "quickstart_train.py").read_text())
+    work = workdir(tmp_path)
     out = tmp_path / "runs"
     submitted = ok(
         cli(env, work, "submit", str(SWEEP), "train.steps=60", "train.log_every=20", f"output_dir={out}")
@@ -190,9 +186,7 @@ def test_a_preempted_element_alone_is_requeued_and_resumes_exactly(
     slurm_env: dict[str, str], tmp_path: Path
 ) -> None:
     env = user_env(slurm_env, tmp_path)
-    work = tmp_path / "work"
-    work.mkdir()
-    (work / "quickstart_train.py").write_text((ROOT / "examples" / "quickstart_train.py").read_text())
+    work = workdir(tmp_path)
     # Three elements that train identically (train.tag is read by nobody), each filling a node.
     (work / "same.yaml").write_text(
         "entrypoint: quickstart_train.py:train\n"
@@ -345,9 +339,7 @@ def test_bad_sweeps_are_refused_and_nothing_is_submitted(
     slurm_env: dict[str, str], tmp_path: Path, sweep: str, message: str
 ) -> None:
     env = user_env(slurm_env, tmp_path)
-    work = tmp_path / "work"
-    work.mkdir()
-    (work / "quickstart_train.py").write_text((ROOT / "examples" / "quickstart_train.py").read_text())
+    work = workdir(tmp_path)
     out = tmp_path / "runs"
     before = subprocess.run(["squeue", "-h", "-o", "%i"], env=env, capture_output=True, text=True).stdout
     proc = cli(env, work, "submit", str(SWEEP), f"sweep={sweep}", f"output_dir={out}")
