@@ -6,17 +6,15 @@ import argparse
 import dataclasses
 import json
 import sys
-import time
 from pathlib import Path
 
-from slurmddp import logs, manage, report, runs, submitter
+from slurmddp import logs, manage, report, runs, submitter, sweeprun
 from slurmddp import plan as planning
-from slurmddp.attempts import SWEEP
 from slurmddp.config import Element, Loaded, expand, load_experiment
 from slurmddp.doctor import main as run_doctor
 from slurmddp.errors import SlurmddpError
 from slurmddp.follow import FINAL_OK, follow
-from slurmddp.fsutil import write_atomic, write_json
+from slurmddp.fsutil import write_atomic
 from slurmddp.sweep import describe
 
 EXIT_USER_ERROR = 2
@@ -191,7 +189,7 @@ def _submit_sweep(
     args: argparse.Namespace, plan: planning.SubmissionPlan, loaded: Loaded, elements: list[Element]
 ) -> int:
     if plan.executor == "local":
-        return _run_local_sweep(plan, loaded, elements)
+        return sweeprun.run_local(plan, loaded, elements, sys.argv, sys.stdout)
     job_id = submitter.submit_sweep(plan, loaded, elements, sys.argv)
     assert loaded.sweep is not None
     limit = loaded.sweep.max_parallel
@@ -203,51 +201,7 @@ def _submit_sweep(
     print(f"  status:    python -m slurmddp status {plan.run_dir}")
     if not args.wait:
         return 0
-    return _wait_sweep(plan.run_dir)
-
-
-def _run_local_sweep(plan: planning.SubmissionPlan, loaded: Loaded, elements: list[Element]) -> int:
-    """Without Slurm the elements run one after another on this machine."""
-    plan.run_dir.mkdir(parents=True)
-    manifest = submitter.sweep_manifest(plan, loaded, elements, sys.argv)
-    write_json(plan.run_dir / SWEEP, manifest)
-    runs.remember(plan.run_dir, "sweep", plan.job_name, "local")
-    print(f"slurmddp: running a sweep of {len(elements)} elements here, one after another")
-    print(f"  sweep dir: {plan.run_dir}")
-    failed = 0
-    for element in elements:
-        element_plan = planning.build(
-            element.loaded,
-            executor="local",
-            workdir=Path.cwd(),
-            run_dir=plan.run_dir / element.dir_name,
-            interpreter=submitter.interpreter(),
-        )
-        sub = submitter.submit(element_plan, element.loaded, sys.argv, remember=False)
-        submitter.record_submission(plan.run_dir, manifest, sub, element.index)
-        print(f"slurmddp: element {element.index} ({describe(element.overrides)}): job {sub.job_id}")
-        failed += follow(sub, sys.stdout) != FINAL_OK
-    _print_status(plan.run_dir)
-    return EXIT_JOB_FAILED if failed else 0
-
-
-def _wait_sweep(sweep_dir: Path, poll_s: float = 5.0) -> int:
-    target = runs.load(sweep_dir)
-    quiet = 0
-    # Two quiet polls in a row: a requeued element can be between two states for a moment.
-    while quiet < 2:
-        active = any(row.state in runs.ACTIVE_STATES for row in runs.rows(target))
-        quiet = 0 if active else quiet + 1
-        time.sleep(poll_s if active else 1.0)
-    rows = _print_status(sweep_dir)
-    return 0 if all(row.state == FINAL_OK for row in rows) else EXIT_JOB_FAILED
-
-
-def _print_status(run_dir: Path) -> list[runs.Row]:
-    target = runs.load(run_dir)
-    rows = runs.rows(target)
-    print(report.status_table(target, rows, target.manifest.get("metric")))
-    return rows
+    return sweeprun.wait(plan.run_dir, sys.stdout)
 
 
 def _warn_short_lead(plan: planning.SubmissionPlan, loaded: Loaded) -> None:
