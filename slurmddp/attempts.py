@@ -32,8 +32,9 @@ PROGRESS = "progress.json"
 CONFIG = "config.yaml"
 SWEEP = "sweep.json"
 EXIT_FINISHED = 3
-CANCELLED = "cancelled"
 """`begin`'s status when the run already ended for good: the batch script exits without srun."""
+CANCELLED = "cancelled"
+"""The reason `slurmddp cancel` records: final, and never requeued."""
 
 Squeue = Callable[[str], str]
 

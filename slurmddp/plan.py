@@ -69,7 +69,7 @@ def build(
         for element, element_dir in (elements or ((loaded, run_dir),))
     )
     if elements:
-        _check_distinct_checkpoints(ranks)
+        _check_shared(ranks)
     folder = run_dir / "logs"
     if executor == "slurm":
         parameters = slurm_parameters(exp, run_dir, interpreter, submission)
@@ -124,16 +124,26 @@ def rank_spec(
     )
 
 
-def _check_distinct_checkpoints(ranks: tuple[RankSpec, ...]) -> None:
-    seen: dict[str, int] = {}
+def _check_shared(ranks: tuple[RankSpec, ...]) -> None:
+    """Sweep elements must not share a checkpoint directory or a fixed port."""
+    checkpoints: dict[str, int] = {}
+    ports: dict[int, int] = {}
     for position, rank in enumerate(ranks):
-        if rank.checkpoint_dir in seen:
+        if rank.checkpoint_dir in checkpoints:
             raise ConfigError(
-                f"checkpoint.dir: sweep elements {seen[rank.checkpoint_dir]} and {position} would share "
-                f"{rank.checkpoint_dir} and resume from each other's checkpoints; leave checkpoint.dir "
-                "unset (each element gets RUN_DIR/checkpoints) or vary it in the sweep"
+                f"checkpoint.dir: sweep elements {checkpoints[rank.checkpoint_dir]} and {position} would "
+                f"share {rank.checkpoint_dir} and resume from each other's checkpoints; leave "
+                "checkpoint.dir unset (each element gets RUN_DIR/checkpoints) or vary it in the sweep"
             )
-        seen[rank.checkpoint_dir] = position
+        checkpoints[rank.checkpoint_dir] = position
+        if rank.port is not None and rank.port in ports:
+            raise ConfigError(
+                f"dist.port: sweep elements {ports[rank.port]} and {position} both use port {rank.port} "
+                "and collide when Slurm puts them on one node; leave dist.port unset (each element's "
+                "port then follows its own job id)"
+            )
+        if rank.port is not None:
+            ports[rank.port] = position
 
 
 def _maybe(

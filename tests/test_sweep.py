@@ -159,19 +159,27 @@ def test_overrides_change_the_sweep_and_must_not_clash_with_it(tmp_path: Path) -
         load_experiment(plain, ["sweep.max_parallel=2"])
 
 
-def test_a_shared_checkpoint_dir_is_refused(tmp_path: Path) -> None:
-    exp = write_sweep(tmp_path, "{grid: {lr: [0.1, 0.2]}}", extra="checkpoint: {dir: /shared/ckpt}\n")
+def sweep_plan(tmp_path: Path, exp: Path) -> planning.SubmissionPlan:
     loaded = load_experiment(exp)
     elements = tuple((e.loaded, tmp_path / e.dir_name) for e in expand(loaded))
+    return planning.build(
+        loaded, executor="slurm", workdir=tmp_path, run_dir=tmp_path, interpreter="python3", elements=elements
+    )
+
+
+def test_a_shared_checkpoint_dir_is_refused(tmp_path: Path) -> None:
+    exp = write_sweep(tmp_path, "{grid: {lr: [0.1, 0.2]}}", extra="checkpoint: {dir: /shared/ckpt}\n")
     with pytest.raises(ConfigError, match="sweep elements 0 and 1 would share /shared/ckpt"):
-        planning.build(
-            loaded,
-            executor="slurm",
-            workdir=tmp_path,
-            run_dir=tmp_path,
-            interpreter="python3",
-            elements=elements,
-        )
+        sweep_plan(tmp_path, exp)
+
+
+def test_a_fixed_port_shared_by_elements_is_refused(tmp_path: Path) -> None:
+    exp = write_sweep(tmp_path, "{grid: {lr: [0.1, 0.2]}}", extra="dist: {port: 29500}\n")
+    with pytest.raises(ConfigError, match="sweep elements 0 and 1 both use port 29500"):
+        sweep_plan(tmp_path, exp)
+    # Varied per element, the ports do not collide.
+    varied = write_sweep(tmp_path, "{list: [{dist.port: 29500}, {dist.port: 29501}]}")
+    assert [rank.port for rank in sweep_plan(tmp_path, varied).array] == [29500, 29501]
 
 
 def test_the_array_script_limits_parallelism_and_finds_its_element(tmp_path: Path) -> None:
