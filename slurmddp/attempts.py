@@ -29,6 +29,7 @@ INTERRUPT = "interrupt.json"
 STOP = "stop.json"
 FAILURE = "failure.json"
 PROGRESS = "progress.json"
+RESULT = "result.json"
 CONFIG = "config.yaml"
 SWEEP = "sweep.json"
 EXIT_FINISHED = 3
@@ -128,7 +129,9 @@ def decide(run_dir: Path, status: int, env: Mapping[str, str], squeue: Squeue) -
     stop = _this_attempt(run_dir / STOP, me)
     budgets = _budgets(run_dir)
     history = [r for r in current(read_attempts(run_dir)) if r["event"] == "end"]
-    if stop is None and status == 0:
+    # result.json of this attempt: every rank returned from the function (rank 0 wrote it after
+    # gathering their results). That is completion, whatever status srun then reported.
+    if (stop is None and status == 0) or _this_attempt(run_dir / RESULT, me) is not None:
         return Decision("completed", _progress_step(run_dir), False, "completed")
     if stop is not None:
         reason = _classify(run_dir, me, env, squeue)

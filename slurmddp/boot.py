@@ -18,13 +18,21 @@ STOP_SIGNALS_ENV = "SLURMDDP_STOP_SIGNALS"
 
 
 def main(argv: list[str]) -> None:
-    signals.install(tuple(os.environ.get(STOP_SIGNALS_ENV, "USR2,TERM").split(",")))
+    stop_signals = tuple(os.environ.get(STOP_SIGNALS_ENV, "USR2,TERM").split(","))
+    signals.install(stop_signals)
     if argv[:1] == ["-u"]:
         argv = argv[1:]  # already in effect: the interpreter was started with -u
     if argv[:1] != ["-m"] or len(argv) < 2:
         raise SystemExit("usage: python -u -m slurmddp.boot [-u] -m MODULE [ARGS...]")
     sys.argv = [argv[1], *argv[2:]]
-    runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
+    try:
+        runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
+    finally:
+        # The work is done: from here a stop signal must not kill the process. Python puts every
+        # signal with a Python handler back to its default action while it shuts down, and USR2's
+        # default is to terminate: a time-limit signal in those last milliseconds made srun report
+        # a finished rank as killed by signal 12 (seen on the lab, Slurm 22.05.8).
+        signals.ignore(stop_signals)
 
 
 if __name__ == "__main__":

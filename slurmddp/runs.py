@@ -15,12 +15,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from slurmddp.attempts import FAILURE, PROGRESS, SWEEP, final_end, read_attempts
+from slurmddp.attempts import FAILURE, PROGRESS, RESULT, SWEEP, final_end, read_attempts
 from slurmddp.errors import SlurmddpError
 
 MANIFEST = "manifest.json"
 METRICS = "metrics.jsonl"
-RESULT = "result.json"
 # How the reason of a run's final attempt record reads as a state (sacct's spelling).
 FINAL_STATES = {
     "completed": "COMPLETED",

@@ -22,6 +22,7 @@ from typing import Any
 
 from slurmddp import attempts, distenv, mpilaunch, nccl, preflight, provenance, signals
 from slurmddp.attempts import FAILURE as FAILURE_FILE
+from slurmddp.attempts import RESULT as RESULT_FILE
 from slurmddp.attempts import STOP as STOP_FILE
 from slurmddp.config import Preflight
 from slurmddp.context import RunContext
@@ -32,7 +33,6 @@ from slurmddp.fsutil import write_json
 from slurmddp.loop import StopForRequeue
 from slurmddp.rank import RankSpec
 
-RESULT_FILE = "result.json"
 SYSFS_ENV = "SLURMDDP_SYSFS"
 """Where fabric detection reads sysfs; tests point it at fake trees."""
 # submitit's local controller reruns every task when one exits with this status (submitit 1.5).

@@ -28,6 +28,12 @@ def install(names: tuple[str, ...]) -> None:
         signal.signal(getattr(signal, f"SIG{name}"), _record)
 
 
+def ignore(names: tuple[str, ...]) -> None:
+    """Ignore each named signal from now on (CPython leaves SIG_IGN in place at shutdown)."""
+    for name in names:
+        signal.signal(getattr(signal, f"SIG{name}"), signal.SIG_IGN)
+
+
 def received() -> int | None:
     """The first stop signal this process got, if any."""
     return _received

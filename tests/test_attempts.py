@@ -135,3 +135,20 @@ def test_the_batch_script_does_not_record_an_attempt_twice(
     assert attempts.end(path, 0, ENV, now=3.0, squeue=lambda j: "None") == 0
     assert [(r["reason"], r["step"]) for r in ends(path)] == [("preemption", 12)]
     assert no_scontrol == [["scontrol", "requeue", "77"]] * 2
+
+
+def test_a_run_whose_ranks_all_returned_is_completed_whatever_srun_says(
+    tmp_path: Path, no_scontrol: list[list[str]]
+) -> None:
+    # A time-limit signal landing while the finished ranks exit made srun report status 140.
+    path = run_dir(tmp_path)
+    assert attempts.begin(path, ENV, now=1000.0) == 0
+    (path / "result.json").write_text(json.dumps({"job_id": "77", "restart_count": 0, "result": {}}))
+    assert attempts.end(path, 140, ENV, now=1001.0, squeue=lambda job: "None") == 0
+    assert ends(path)[-1]["reason"] == "completed" and no_scontrol == []
+    # A result left by an earlier attempt does not count.
+    (tmp_path / "later").mkdir()
+    later = run_dir(tmp_path / "later")
+    (later / "result.json").write_text(json.dumps({"job_id": "77", "restart_count": 0}))
+    assert attempt(later, 1, status=140) == 0
+    assert ends(later)[-1]["reason"] == "failure"
