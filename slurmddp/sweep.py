@@ -32,8 +32,8 @@ from slurmddp.errors import ConfigError
 KINDS = ("grid", "list", "random")
 SETTINGS = ("max_parallel", "metric", "mode")
 DISTRIBUTIONS = ("choice", "uniform", "log_uniform", "int")
-# What one array shares: a single batch script (resources, time, signal) and a single job name and
-# output directory. Everything else travels per element in its pickle and config.yaml.
+# What one array shares: a single batch script (resources, time, signal, srun's MPI plugin) and a
+# single job name and output directory. Everything else travels per element in its pickle and config.yaml.
 FIXED_PER_ARRAY = (
     "name",
     "profile",
@@ -42,6 +42,8 @@ FIXED_PER_ARRAY = (
     "resources",
     "requeue.signal",
     "requeue.signal_lead_s",
+    "dist.launcher",
+    "dist.srun_mpi",
 )
 
 

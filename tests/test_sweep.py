@@ -84,6 +84,7 @@ def test_random_is_seeded_and_stays_in_range() -> None:
         ({"grid": {"train": [{}], "lr": [2]}}, "set the same setting"),
         ({"grid": {"resources.nodes": [1, 2]}}, "cannot vary within a sweep"),
         ({"grid": {"name": ["a", "b"]}}, "cannot vary within a sweep"),
+        ({"list": [{"dist.launcher": "mpi"}]}, "cannot vary within a sweep"),
         (
             {"grid": {"lr": [1]}, "list": [{"lr": 1}]},
             "exactly one of grid, list or random (found grid and list)",
