@@ -159,6 +159,7 @@ def _plan(loaded: Loaded, elements: list[Element]) -> planning.SubmissionPlan:
         interpreter=submitter.interpreter(),
         elements=array,
         submission=0 if array else None,
+        max_parallel=loaded.sweep.max_parallel if loaded.sweep is not None else None,
     )
 
 

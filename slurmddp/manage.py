@@ -14,11 +14,10 @@ from typing import Any
 
 from slurmddp import attempts, runs, submitter, yamlio
 from slurmddp import plan as planning
-from slurmddp.attempts import INTERRUPT, PROGRESS, SWEEP
+from slurmddp.attempts import INTERRUPT, PROGRESS
 from slurmddp.config import Loaded, load_experiment
 from slurmddp.errors import SlurmddpError
 from slurmddp.fsutil import write_json
-from slurmddp.sweep import Spec
 
 # States `resubmit --failed` reruns: the run ended without completing and was not cancelled.
 FAILED_STATES = frozenset(
@@ -114,17 +113,17 @@ def resubmit_failed(ref: str, argv: list[str]) -> tuple[str, list[int]]:
     failed = [e for e in target.elements if runs.element_state(target, e, slurm) in FAILED_STATES]
     if not failed:
         raise SlurmddpError(f"{target.dir}: no failed elements to resubmit")
-    manifest = json.loads((target.dir / SWEEP).read_text())
-    base = dataclasses.replace(_saved(target.dir, manifest), sweep=_sweep_of(manifest))
+    manifest = target.manifest
     loaded = [(_saved(element.dir, manifest), element.dir) for element in failed]
     plan = planning.build(
-        base,
+        _saved(target.dir, manifest),
         executor="slurm",
         workdir=Path(manifest["workdir"]),
         run_dir=target.dir,
         interpreter=submitter.interpreter(),
         elements=tuple(loaded),
         submission=len(manifest["submissions"]),
+        max_parallel=manifest.get("max_parallel"),
     )
     submitter.check_array_size(len(failed), submitter.max_array_size())
     submitter.check_schedulable(plan)
@@ -141,17 +140,6 @@ def _saved(run_dir: Path, manifest: dict[str, Any]) -> Loaded:
     loaded = load_experiment(run_dir / "config.yaml", ["profile=null"])
     # Relative entrypoints are looked up from the experiment's own directory, as at submit time.
     return dataclasses.replace(loaded, source=Path(manifest["experiment"]))
-
-
-def _sweep_of(manifest: dict[str, Any]) -> Spec:
-    """What the plan needs of the sweep (its parallelism) as the manifest recorded it."""
-    return Spec(
-        kind="list",
-        elements=(),
-        max_parallel=manifest.get("max_parallel"),
-        metric=manifest.get("metric"),
-        mode=manifest.get("mode", "min"),
-    )
 
 
 def last_save_seconds(output_dir: Path, name: str) -> float | None:

@@ -55,12 +55,14 @@ def build(
     interpreter: str,
     elements: tuple[tuple[Loaded, Path], ...] = (),
     submission: int | None = None,
+    max_parallel: int | None = None,
 ) -> SubmissionPlan:
     """The plan for `loaded` run from `workdir`, writing to `run_dir`, on `executor`, with the
     Python `interpreter` (a shell-quoted command).
 
     For a sweep, `run_dir` is the sweep's directory, `elements` the (config, run directory) of each
-    array task in order, and `submission` the number of this submission in the sweep manifest.
+    array task in order, `submission` the number of this submission in the sweep manifest, and
+    `max_parallel` how many of its tasks may run at once (None: all).
     """
     exp = loaded.experiment
     checked: dict[tuple[str, str], str | None] = {}
@@ -73,8 +75,8 @@ def build(
     folder = run_dir / "logs"
     if executor == "slurm":
         parameters = slurm_parameters(exp, run_dir, interpreter, submission)
-        if loaded.sweep is not None:
-            parameters["array_parallelism"] = loaded.sweep.max_parallel or len(ranks)
+        if elements:
+            parameters["array_parallelism"] = max_parallel or len(ranks)
         notes = slurm_notes(exp)
     else:
         parameters = local_parameters(exp)

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 from conftest import wait_for_job
+from test_cluster import slurmddp
 
 ROOT = Path(__file__).resolve().parents[1]
 QUICKSTART = ROOT / "examples" / "quickstart.yaml"
@@ -220,25 +221,13 @@ def test_crash_at_the_same_step_stops(slurm_env: dict[str, str], tmp_path: Path)
 def test_interrupt_command_sends_what_slurm_would(slurm_env: dict[str, str], tmp_path: Path) -> None:
     run = submit(slurm_env, tmp_path / "runs", "train.steps=400", "resources.nodes=1")
     wait_until("step 50", lambda: progress_step(run) >= 50)
-    proc = subprocess.run(
-        [sys.executable, "-m", "slurmddp", "interrupt", job_id(run), "--preempt"],
-        env=slurm_env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    proc = slurmddp(slurm_env, tmp_path, "interrupt", job_id(run), "--preempt", timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert "sent SIGUSR2" in proc.stdout and "as a preemption" in proc.stdout
     assert wait_for_job(job_id(run), slurm_env, timeout=300) == "COMPLETED"
     assert [r["reason"] for r in ends(run)] == ["preemption", "completed"]
     assert_no_step_lost(run)
-    proc = subprocess.run(
-        [sys.executable, "-m", "slurmddp", "interrupt", str(run), "--timeout"],
-        env=slurm_env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    proc = slurmddp(slurm_env, tmp_path, "interrupt", str(run), "--timeout", timeout=60)
     assert proc.returncode == 2 and "not in the queue" in proc.stderr
 
 
@@ -253,13 +242,7 @@ def test_torchrun_script_is_stopped_requeued_and_resumes_from_its_snapshot(
         experiment=ROOT / "examples" / "torchrun_script.yaml",
     )
     wait_until("a snapshot", lambda: (run / "snapshot.pt").exists())
-    proc = subprocess.run(
-        [sys.executable, "-m", "slurmddp", "interrupt", str(run), "--preempt"],
-        env=slurm_env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    proc = slurmddp(slurm_env, tmp_path, "interrupt", str(run), "--preempt", timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert wait_for_job(job_id(run), slurm_env, timeout=300) == "COMPLETED"
     assert [r["reason"] for r in ends(run)] == ["preemption", "completed"]

@@ -194,6 +194,7 @@ def test_the_array_script_limits_parallelism_and_finds_its_element(tmp_path: Pat
         interpreter="python3",
         elements=tuple((e.loaded, tmp_path / e.dir_name) for e in elements),
         submission=0,
+        max_parallel=2,
     )
     script = submitter.sbatch_script(plan)
     assert "#SBATCH --array=0-5%2" in script

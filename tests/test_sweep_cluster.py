@@ -8,13 +8,13 @@ import json
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 from conftest import wait_for_job
 from test_cluster import slurmddp as cli
+from test_resume_cluster import wait_until
 
 ROOT = Path(__file__).resolve().parents[1]
 SWEEP = ROOT / "examples" / "sweep.yaml"
@@ -53,14 +53,6 @@ def manifest(sweep: Path) -> dict[str, Any]:
 def status(env: dict[str, str], cwd: Path, ref: str) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = json.loads(ok(cli(env, cwd, "status", ref, "--json")))["elements"]
     return rows
-
-
-def wait_until(what: str, check: Callable[[], bool], timeout: float = 180) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise TimeoutError(what)
-        time.sleep(0.3)
 
 
 def begins(run: Path) -> int:
