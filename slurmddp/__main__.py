@@ -1,5 +1,5 @@
 from __future__ import annotations
 
-from slurmddp.cli import main
+from slurmddp.cli.main import main
 
 raise SystemExit(main())

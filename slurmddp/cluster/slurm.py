@@ -1,0 +1,241 @@
+"""The one place that runs Slurm's commands (sbatch, squeue, sacct, scontrol, scancel) and reads
+what they print. Parsing is done by pure functions of the text, so each Slurm release's output can
+be tested without a cluster; the functions that run a command return plain values.
+
+A command that fails for a reason outside the user's input (slurmctld down, a refused scancel)
+raises SlurmCommandError; "that job is not in the queue" is an answer (None or ""), not an error.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import time
+from collections.abc import Iterable, Sequence
+from typing import Literal, cast, get_args
+
+from slurmddp.errors import SlurmCommandError
+
+TOOLS = ("sbatch", "squeue", "sacct", "scontrol", "scancel")
+JobState = Literal[
+    "BOOT_FAIL",
+    "CANCELLED",
+    "COMPLETED",
+    "COMPLETING",
+    "CONFIGURING",
+    "DEADLINE",
+    "FAILED",
+    "NODE_FAIL",
+    "OUT_OF_MEMORY",
+    "PENDING",
+    "PREEMPTED",
+    "REQUEUED",
+    "REQUEUE_FED",
+    "REQUEUE_HOLD",
+    "RESIZING",
+    "RESV_DEL_HOLD",
+    "REVOKED",
+    "RUNNING",
+    "SIGNALING",
+    "SPECIAL_EXIT",
+    "STAGE_OUT",
+    "STOPPED",
+    "SUSPENDED",
+    "TIMEOUT",
+    "UNKNOWN",
+]
+"""A job's state as squeue and sacct spell it (UNKNOWN: what neither said)."""
+JOB_STATES: frozenset[str] = frozenset(get_args(JobState))
+# sacct's spelling of the states after which a job is still going somewhere.
+_NOT_ENDED = frozenset({"RUNNING", "PENDING", "COMPLETING", "REQUEUED", "CONFIGURING"})
+# What squeue prints for a job that slurmctld did not pick for preemption.
+_NO_TIME = frozenset({"", "None", "N/A", "Unknown"})
+
+
+def run(args: Sequence[str], stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    """Run one Slurm command and capture its output; a missing command is a SlurmCommandError."""
+    try:
+        return subprocess.run(list(args), input=stdin, capture_output=True, text=True, check=False)
+    except OSError as exc:
+        raise SlurmCommandError(f"cannot run {args[0]}: {exc}; is Slurm's bin directory on PATH?") from None
+
+
+def _said(proc: subprocess.CompletedProcess[str]) -> str:
+    return proc.stderr.strip() or proc.stdout.strip()
+
+
+def _checked(args: Sequence[str], stdin: str | None = None) -> str:
+    proc = run(args, stdin)
+    if proc.returncode != 0:
+        raise SlurmCommandError(f"{' '.join(args)}: {_said(proc) or f'exit status {proc.returncode}'}")
+    return proc.stdout
+
+
+def available(tool: str = "sbatch") -> bool:
+    """Whether a Slurm command is on PATH (sbatch's presence is what `executor: auto` asks)."""
+    return shutil.which(tool) is not None
+
+
+def tool_paths() -> dict[str, str | None]:
+    return {tool: shutil.which(tool) for tool in TOOLS}
+
+
+# ---- sbatch ----
+
+
+def test_only(script: str) -> str | None:
+    """Ask sbatch whether Slurm could ever run this batch script; its refusal, or None."""
+    proc = run(["sbatch", "--test-only"], stdin=script)
+    return None if proc.returncode == 0 else _said(proc)
+
+
+# ---- scontrol ----
+
+
+def parse_config(text: str) -> dict[str, str]:
+    """`scontrol show config` as {key: value}; the first occurrence of a key wins (later sections,
+    such as the cgroup one, reuse no key of the main block we read)."""
+    config: dict[str, str] = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition("=")
+        key = key.strip()
+        if sep and key and " " not in key:
+            config.setdefault(key, value.strip())
+    return config
+
+
+def show_config() -> str:
+    """The text of `scontrol show config`; SlurmCommandError when slurmctld cannot be reached."""
+    return _checked(["scontrol", "show", "config"])
+
+
+def max_array_size() -> int | None:
+    """The cluster's MaxArraySize: array task ids must be below it (Slurm's default is 1001).
+    None when it cannot be read; sbatch then says so itself."""
+    proc = run(["scontrol", "show", "config"])
+    value = parse_config(proc.stdout).get("MaxArraySize", "") if proc.returncode == 0 else ""
+    return int(value) if value.isdigit() else None
+
+
+def parse_job_fields(text: str) -> dict[str, str]:
+    """One job of `scontrol show job -o` as {key: value} (values with spaces are cut at the space;
+    none of the fields read here has one)."""
+    fields: dict[str, str] = {}
+    for word in text.split():
+        name, sep, value = word.partition("=")
+        if sep:
+            fields.setdefault(name, value)
+    return fields
+
+
+def job_fields(job_id: str) -> dict[str, str]:
+    return parse_job_fields(_checked(["scontrol", "show", "job", "-o", job_id]))
+
+
+def requeue(target: str) -> str | None:
+    """`scontrol requeue TARGET`; what scontrol said when it refused, or None."""
+    proc = run(["scontrol", "requeue", target])
+    return None if proc.returncode == 0 else _said(proc)
+
+
+def version_text() -> str | None:
+    """What `scontrol --version` prints (e.g. "slurm 22.05.8"), or None without Slurm."""
+    try:
+        proc = subprocess.run(["scontrol", "--version"], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return proc.stdout.strip() or None
+
+
+# ---- squeue ----
+
+
+def queued_field(job_id: str, field: str) -> str | None:
+    """One squeue format field (`%T`, `%o`, ...) of a queued job; None once it left the queue
+    (squeue exits non-zero with "Invalid job id" when slurmctld no longer knows the job)."""
+    proc = run(["squeue", "-h", "-j", job_id, "-o", field])
+    text = proc.stdout.strip()
+    return text.splitlines()[0] if proc.returncode == 0 and text else None
+
+
+def queue_state(job_id: str) -> JobState | None:
+    """The job's state while it is queued or running (PENDING, RUNNING, ...), None once gone."""
+    text = queued_field(job_id, "%T")
+    return None if text is None else as_state(text)
+
+
+def preempt_time(job_id: str) -> str | None:
+    """When slurmctld picked the job for preemption, or None: it sets PreemptTime then, and a job
+    signalled for its time limit has none (seen on 22.05.8)."""
+    proc = run(["squeue", "-h", "-j", job_id, "-O", "PreemptTime"])
+    text = proc.stdout.strip() if proc.returncode == 0 else ""
+    return None if text in _NO_TIME else text
+
+
+def as_state(text: str) -> JobState:
+    """A state word as printed ("CANCELLED by 0" is CANCELLED); anything else is UNKNOWN."""
+    words = text.split()
+    return cast(JobState, words[0]) if words and words[0] in JOB_STATES else "UNKNOWN"
+
+
+def parse_states(text: str) -> dict[str, JobState]:
+    """`ID|STATE` lines (squeue -o '%i|%T', sacct -P -o JobID,State) as {id: state}; a later line
+    wins (sacct lists a requeued job once per allocation, newest last), and "CANCELLED by 0"
+    reads as CANCELLED."""
+    states: dict[str, JobState] = {}
+    for line in text.splitlines():
+        job, _, state = line.partition("|")
+        if job.strip():
+            states[job.strip()] = as_state(state)
+    return states
+
+
+def job_states(job_ids: Iterable[str]) -> dict[str, JobState]:
+    """The Slurm state of each job or array task id: squeue for what is queued, sacct for the rest.
+
+    One call of each for any number of ids: `squeue -r` lists an array's tasks one per line, and
+    sacct lists each task that ran as ARRAYID_TASK (22.05 has no `sacct --array`).
+    """
+    wanted = list(job_ids)
+    if not wanted:
+        return {}
+    bases = ",".join(sorted({job.split("_")[0] for job in wanted}))
+    queued = parse_states(run(["squeue", "-h", "-r", "-j", bases, "-o", "%i|%T"]).stdout)
+    if all(job in queued for job in wanted):
+        return queued
+    ended = parse_states(run(["sacct", "-X", "-n", "-P", "-j", bases, "-o", "JobID,State"]).stdout)
+    return {**ended, **queued}
+
+
+# ---- sacct ----
+
+
+def final_state(job_id: str, tries: int = 10) -> JobState:
+    """The job's end state from accounting, which lags the job's end by a moment; UNKNOWN when
+    accounting never says (a cluster without slurmdbd)."""
+    for _ in range(tries):
+        proc = run(["sacct", "-X", "-n", "-P", "-j", job_id, "-o", "State"])
+        states = [as_state(line) for line in proc.stdout.splitlines() if line.strip()]
+        if proc.returncode == 0 and states and states[-1] not in _NOT_ENDED:
+            return states[-1]
+        time.sleep(1)
+    return "UNKNOWN"
+
+
+# ---- scancel ----
+
+
+def cancel(job_ids: Sequence[str]) -> None:
+    if job_ids:
+        _checked(["scancel", *job_ids])
+
+
+def cancel_quietly(job_id: str) -> None:
+    """Best effort, for cleaning up after a check: the job may have ended by itself."""
+    run(["scancel", job_id])
+
+
+def signal(job_id: str, name: str) -> None:
+    """Send SIG`name` to the job's step tasks: without --batch/--full, scancel reaches them only,
+    as `sbatch --signal=SIG@T` does."""
+    _checked(["scancel", f"--signal={name}", job_id])

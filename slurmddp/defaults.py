@@ -1,0 +1,34 @@
+"""Defaults that more than one side of the flow relies on, and the closed sets of values that
+cross module boundaries, typed so that a misspelt value is a type error, not a silent branch."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+Executor = Literal["auto", "slurm", "local"]
+"""As the experiment asks; `auto` is resolved at submit time."""
+RunExecutor = Literal["slurm", "local"]
+"""What a plan runs on, once `auto` is resolved."""
+Launcher = Literal["auto", "slurm", "mpi"]
+Backend = Literal["auto", "nccl", "gloo"]
+GpuBinding = Literal["node", "task"]
+StopSignal = Literal["USR1", "USR2", "TERM", "INT", "HUP"]
+EndReason = Literal["completed", "preemption", "timeout", "failure", "killed", "cancelled"]
+"""Why an attempt ended, as attempts.jsonl records it."""
+RequeueReason = Literal["preemption", "timeout", "failure"]
+"""The reasons with a requeue budget."""
+RunKind = Literal["run", "sweep"]
+
+STOP_SIGNAL: StopSignal = "USR2"
+"""What Slurm sends before the time limit (sbatch --signal) unless requeue.signal says otherwise."""
+ALWAYS_STOP_ON: StopSignal = "TERM"
+"""Handled besides the configured signal: clusters without preempt_send_user_signal preempt with it."""
+STOP_SIGNALS_ENV = "SLURMDDP_STOP_SIGNALS"
+"""Set by the batch script: the signals a task treats as "stop at the next step" from its start."""
+SIGNAL_LEAD_S = 120
+BUDGETS: dict[RequeueReason, int] = {"timeout": 20, "preemption": -1, "failure": 3}
+"""Requeues allowed per reason (-1: unlimited): requeue.max_timeouts, max_preemptions, max_failures."""
+EXIT_FINISHED = 3
+"""`attempts begin`'s status when the run already ended for good: the batch script exits without srun."""
+LOCAL_REQUEUE_STATUS = 144
+"""submitit's local controller reruns every task when one exits with this status (submitit 1.5)."""

@@ -1,0 +1,281 @@
+"""The experiment schema: typed, kw-only dataclasses with a docstring per field and checks in
+__post_init__. OmegaConf validates types (and the Literal choices) while merging the layers;
+the checks here cover what a type cannot say. Every error names its key and the fix.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib.util
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from slurmddp.cluster.fabric import FabricProfile
+from slurmddp.cluster.timespec import parse_time
+from slurmddp.defaults import (
+    BUDGETS,
+    SIGNAL_LEAD_S,
+    STOP_SIGNAL,
+    Backend,
+    Executor,
+    GpuBinding,
+    Launcher,
+    StopSignal,
+)
+from slurmddp.errors import ConfigError
+
+# A value that reaches an `#SBATCH` line must stay on that line: submitit quotes values with
+# shlex.quote, which keeps a newline inside quotes, and sbatch reads the script line by line, so
+# the text after the newline would run as a shell command.
+_CONTROL_CHARS = re.compile(r"[\x00-\x1f\x7f]")
+_SBATCH_KEY = re.compile(r"^[a-z][a-z0-9-]*$")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+
+def _one_line(key: str, value: str | None) -> None:
+    if value is not None and _CONTROL_CHARS.search(value):
+        raise ConfigError(f"{key}: {value!r} holds a newline or control character; Slurm values are one line")
+
+
+def _at_least(key: str, value: float | None, low: float) -> None:
+    if value is not None and value < low:
+        raise ConfigError(f"{key}: must be >= {low}, got {value}")
+
+
+def not_one_of(key: str, value: Any, choices: tuple[str, ...]) -> str:
+    """The message for a value outside a closed set (OmegaConf checks Literal fields; this says it
+    our way, with the nearest choice)."""
+    near = difflib.get_close_matches(str(value), choices, n=1)
+    hint = f" (did you mean {near[0]!r}?)" if near else ""
+    return f"{key}: {value!r} is not one of {', '.join(choices)}{hint}"
+
+
+@dataclass(kw_only=True)
+class Entrypoint:
+    """What each rank runs: exactly one of `function` or `script`."""
+
+    function: str | None = None
+    """`package.module:function` or `path/to/file.py:function`, called with a RunContext on every rank."""
+    script: str | None = None
+    """A torchrun-style script, run unmodified on every rank with torchrun's environment variables."""
+    args: list[str] = field(default_factory=list)
+    """Command-line arguments for `script`."""
+
+    def __post_init__(self) -> None:
+        if self.function is not None and not re.fullmatch(r"[^:\s]+:[A-Za-z_]\w*", self.function):
+            raise ConfigError(
+                f"entrypoint.function: {self.function!r} is not of the form "
+                "'package.module:function' or 'path/to/file.py:function'"
+            )
+        if self.args and self.script is None:
+            raise ConfigError("entrypoint.args: only a script takes args; a function reads ctx.config")
+
+
+@dataclass(kw_only=True)
+class Resources:
+    """What to ask Slurm for. One rank per GPU, one Slurm task per rank."""
+
+    nodes: int = 1
+    """Number of nodes."""
+    gpus_per_node: int = 0
+    """GPUs per node; the job then runs this many ranks per node. 0 means a CPU job."""
+    tasks_per_node: int | None = None
+    """Ranks per node. Defaults to gpus_per_node (or 1 for CPU jobs); must equal it for GPU jobs."""
+    gpu_binding: GpuBinding = "node"
+    """`node`: --gpus-per-node, every task sees all the node's GPUs. `task`: --gpus-per-task=1."""
+    cpus_per_task: int = 1
+    """CPU cores per rank (also the rank's thread count)."""
+    mem_gb: float | None = None
+    """Memory per node in GB; None leaves Slurm's default."""
+    time: str = "01:00:00"
+    """Time limit in any Slurm format: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS."""
+    partition: str | None = None
+    account: str | None = None
+    qos: str | None = None
+    constraint: str | None = None
+    exclude: str | None = None
+    """Nodes to avoid (a Slurm hostlist)."""
+    comment: str | None = None
+    sbatch: dict[str, Any] = field(default_factory=dict)
+    """Any other sbatch option, as {long-option-name: value}; `true` for a flag."""
+    setup: list[str] = field(default_factory=list)
+    """Shell lines run by the batch script before the ranks start (module load, source venv, ...)."""
+
+    def __post_init__(self) -> None:
+        _at_least("resources.nodes", self.nodes, 1)
+        _at_least("resources.gpus_per_node", self.gpus_per_node, 0)
+        _at_least("resources.tasks_per_node", self.tasks_per_node, 1)
+        _at_least("resources.cpus_per_task", self.cpus_per_task, 1)
+        if self.mem_gb is not None and self.mem_gb <= 0:
+            raise ConfigError(f"resources.mem_gb: must be > 0, got {self.mem_gb}")
+        if self.gpus_per_node and self.tasks_per_node not in (None, self.gpus_per_node):
+            raise ConfigError(
+                f"resources.tasks_per_node: {self.tasks_per_node} ranks on {self.gpus_per_node} GPUs per "
+                "node; slurmddp runs one rank per GPU: leave tasks_per_node unset or equal to gpus_per_node"
+            )
+        try:
+            parse_time(self.time)
+        except ValueError as exc:
+            raise ConfigError(f"resources.time: {exc}") from None
+        for key in ("partition", "account", "qos", "constraint", "exclude", "comment"):
+            _one_line(f"resources.{key}", getattr(self, key))
+        for key, value in self.sbatch.items():
+            if not _SBATCH_KEY.match(key):
+                raise ConfigError(
+                    f"resources.sbatch: {key!r} is not an sbatch long option name (like 'mail-type')"
+                )
+            _one_line(f"resources.sbatch.{key}", str(value))
+
+    @property
+    def ranks_per_node(self) -> int:
+        return self.tasks_per_node or self.gpus_per_node or 1
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.ranks_per_node
+
+
+@dataclass(kw_only=True)
+class Dist:
+    """How the ranks find each other."""
+
+    backend: Backend = "auto"
+    """`auto` (nccl with GPUs, gloo without), `nccl` or `gloo`."""
+    port: int | None = None
+    """MASTER_PORT; by default derived from the job id so requeues agree and jobs sharing a node differ."""
+    timeout_s: int = 600
+    """Rendezvous and collective timeout: how long a rank waits for a dead peer before failing."""
+    launcher: Launcher = "auto"
+    """Where rank, size and local rank come from: `slurm` (Slurm's task variables), `mpi` (mpi4py:
+    under mpiexec/mpirun, or srun with an MPI plugin), or `auto` (MPI only when a rank runs under an
+    MPI launcher whose world Slurm does not describe, e.g. mpiexec outside Slurm)."""
+    srun_mpi: str = "pmi2"
+    """`srun --mpi=` value for `launcher: mpi` on Slurm (pmi2 suits MPICH; see `srun --mpi=list`)."""
+
+    def __post_init__(self) -> None:
+        _one_line("dist.srun_mpi", self.srun_mpi)
+        if self.launcher == "mpi" and importlib.util.find_spec("mpi4py") is None:
+            raise ConfigError(
+                "dist.launcher: mpi needs mpi4py, which this Python cannot import; "
+                "install it (pip install 'slurmddp[mpi]') or use launcher: slurm"
+            )
+        if self.port is not None and not 1024 <= self.port <= 65535:
+            raise ConfigError(f"dist.port: {self.port} is not a usable port (1024-65535)")
+        _at_least("dist.timeout_s", self.timeout_s, 1)
+
+
+@dataclass(kw_only=True)
+class Checkpoint:
+    """Checkpoints written by the training loop (ctx.loop) and where they go."""
+
+    dir: str | None = None
+    """Defaults to RUN_DIR/checkpoints."""
+    every_steps: int = 0
+    """Save every N steps (0: not by step count)."""
+    every_minutes: float = 0
+    """Save when this many minutes passed since the last save (0: not by time)."""
+    keep_last: int = 2
+    """Complete checkpoints kept; older ones are deleted once a newer one is complete."""
+    async_save: bool = False
+    """Write in a background thread; the loop only waits for the copy to CPU memory."""
+
+    def __post_init__(self) -> None:
+        _at_least("checkpoint.every_steps", self.every_steps, 0)
+        _at_least("checkpoint.every_minutes", self.every_minutes, 0)
+        _at_least("checkpoint.keep_last", self.keep_last, 1)
+
+
+@dataclass(kw_only=True)
+class Requeue:
+    """What happens when the job is preempted, hits its time limit, or fails."""
+
+    signal: StopSignal = STOP_SIGNAL
+    """The signal Slurm sends before the end (sbatch --signal); SIGTERM is handled too."""
+    signal_lead_s: int = SIGNAL_LEAD_S
+    """Seconds before the time limit that the signal is sent; Slurm may send it up to 60 s earlier."""
+    max_timeouts: int = BUDGETS["timeout"]
+    """Requeues after hitting the time limit; -1 for no limit."""
+    max_preemptions: int = BUDGETS["preemption"]
+    """Requeues after a preemption; -1 (default) for no limit."""
+    max_failures: int = BUDGETS["failure"]
+    """Requeues after a crash (a rank died or raised); a crash at the same step twice stops at once."""
+
+    def __post_init__(self) -> None:
+        _at_least("requeue.signal_lead_s", self.signal_lead_s, 10)
+        for key in ("max_timeouts", "max_preemptions", "max_failures"):
+            _at_least(f"requeue.{key}", getattr(self, key), -1)
+
+
+@dataclass(kw_only=True)
+class Fabric:
+    """Network settings exported to every rank."""
+
+    profile: FabricProfile = "auto"
+    """NCCL tuning profile: auto, infiniband, roce, efa, tcp, none."""
+    env: dict[str, str] = field(default_factory=dict)
+    """Environment variables for every rank (NCCL_*, GLOO_*, ...); they win over anything derived."""
+
+    def __post_init__(self) -> None:
+        for key in self.env:
+            if not _ENV_NAME.match(key):
+                raise ConfigError(f"fabric.env: {key!r} is not a valid environment variable name")
+
+
+@dataclass(kw_only=True)
+class Preflight:
+    """Checks every rank runs right after the process group starts, so a broken or slow node fails
+    the job in seconds, with its name, instead of hanging it until the dist timeout."""
+
+    enabled: bool = True
+    """Run the all-reduce check (the device check before it always runs)."""
+    size_mb: float = 4
+    """Size of the all-reduced tensor; a few MB keeps the check well under a second."""
+    min_bus_gbps: float = 0
+    """Fail below this all-reduce bus bandwidth, in Gb/s (nccl-tests' busbw, in bits); 0: no floor."""
+    fail_on_host: str | None = None
+    """Treat this host as broken, to see the failure path without a broken node (for tests)."""
+
+    def __post_init__(self) -> None:
+        if self.size_mb <= 0:
+            raise ConfigError(f"preflight.size_mb: must be > 0, got {self.size_mb}")
+        _at_least("preflight.min_bus_gbps", self.min_bus_gbps, 0)
+        _one_line("preflight.fail_on_host", self.fail_on_host)
+
+
+@dataclass(kw_only=True)
+class Experiment:
+    """One experiment: what to run, on what, and the user's own `train:` settings."""
+
+    name: str = "experiment"
+    """Job name and run directory prefix. Defaults to the experiment file's stem."""
+    profile: str | None = None
+    """Cluster profile to start from: a name looked up in configs/ dirs, or a path to a YAML file."""
+    executor: Executor = "auto"
+    """`slurm`, `local` (ranks on this machine with gloo), or `auto` (slurm when sbatch is on PATH)."""
+    output_dir: str = "runs"
+    """Run directories go to OUTPUT_DIR/NAME/...; must be on a filesystem the nodes share."""
+    entrypoint: Entrypoint = field(default_factory=Entrypoint)
+    resources: Resources = field(default_factory=Resources)
+    dist: Dist = field(default_factory=Dist)
+    checkpoint: Checkpoint = field(default_factory=Checkpoint)
+    requeue: Requeue = field(default_factory=Requeue)
+    fabric: Fabric = field(default_factory=Fabric)
+    preflight: Preflight = field(default_factory=Preflight)
+    train: dict[str, Any] = field(default_factory=dict)
+    """Free-form settings for the training code (ctx.config.train)."""
+
+    def __post_init__(self) -> None:
+        if not _NAME.match(self.name):
+            raise ConfigError(
+                f"name: {self.name!r} must start with a letter or digit and hold only letters, digits, "
+                "'.', '_' and '-' (it names the job and the run directory)"
+            )
+        if (self.entrypoint.function is None) == (self.entrypoint.script is None):
+            raise ConfigError(
+                "entrypoint: set exactly one of entrypoint.function (module:function) "
+                "or entrypoint.script (a torchrun-style script)"
+            )
+        if self.resources.gpus_per_node == 0 and self.dist.backend == "nccl":
+            raise ConfigError("dist.backend: nccl needs GPUs; set resources.gpus_per_node or use gloo")

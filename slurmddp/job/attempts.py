@@ -1,0 +1,275 @@
+"""The batch script's side of requeueing: record every attempt, decide whether to requeue, requeue.
+
+    python -m slurmddp.job.attempts begin RUN_DIR           (before srun)
+    python -m slurmddp.job.attempts end RUN_DIR STATUS      (after srun, with srun's exit status)
+
+It runs in the batch script, on the job's first node and outside any container the ranks may run
+in, so `squeue`/`scontrol` are at hand even when the ranks' image lacks them. The history lives in
+RUN_DIR/attempts.jsonl, one JSON record per line, not in a pickle: sacct shows only a job's last
+allocation, and this log is what `status` and the budgets read.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, cast
+
+from slurmddp import yamlio
+from slurmddp.cluster import slurm
+from slurmddp.defaults import BUDGETS, EXIT_FINISHED, EndReason, RequeueReason
+from slurmddp.layout import ATTEMPTS, CONFIG, FAILURE, INTERRUPT, PROGRESS, RESULT, STOP, SWEEP
+
+CANCELLED: EndReason = "cancelled"
+"""The reason `slurmddp cancel` records: final, and never requeued."""
+
+PreemptTime = Callable[[str], "str | None"]
+"""squeue's PreemptTime of a job id (None: not picked for preemption); a parameter for tests."""
+
+
+@dataclass(frozen=True)
+class Decision:
+    reason: EndReason
+    step: int | None
+    requeue: bool
+    message: str
+
+
+def read_attempts(run_dir: Path) -> list[dict[str, Any]]:
+    path = run_dir / ATTEMPTS
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def current(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The records since the last `resubmit`: a resubmitted run starts with fresh budgets."""
+    marks = [i for i, record in enumerate(records) if record["event"] == "resubmit"]
+    return records[marks[-1] + 1 :] if marks else records
+
+
+def final_end(records: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The record that ended the run for good (completed, cancelled, out of budget), if any."""
+    ends = [r for r in current(records) if r["event"] == "end"]
+    return ends[-1] if ends and ends[-1].get("final") else None
+
+
+def mark(run_dir: Path, record: dict[str, Any]) -> None:
+    """Append a record from outside the job: a cancel (final) or a resubmit (fresh budgets)."""
+    _append(run_dir, record)
+
+
+def _append(run_dir: Path, record: dict[str, Any]) -> None:
+    with (run_dir / ATTEMPTS).open("a") as handle:
+        handle.write(json.dumps(record, sort_keys=True) + "\n")
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+def _attempt_id(env: Mapping[str, str]) -> dict[str, Any]:
+    return {"job_id": env.get("SLURM_JOB_ID", ""), "restart_count": int(env.get("SLURM_RESTART_COUNT") or 0)}
+
+
+def begin(run_dir: Path, env: Mapping[str, str], now: float) -> int:
+    """Record the start of an attempt (and the silent end of a previous one that was killed)."""
+    records = read_attempts(run_dir)
+    final = final_end(records)
+    if final is not None:
+        print(f"slurmddp: this run already ended ({final['message']}); not starting again", file=sys.stderr)
+        return EXIT_FINISHED
+    begins = [r for r in records if r["event"] == "begin"]
+    era = current(records)
+    if len([r for r in era if r["event"] == "begin"]) > len([r for r in era if r["event"] == "end"]):
+        # The previous attempt's batch script was killed before it could say how it ended
+        # (e.g. preempted past GraceTime): Slurm requeued it by itself.
+        _append(
+            run_dir,
+            {
+                "event": "end",
+                "attempt": len(begins) - 1,
+                "reason": "killed",
+                "time": now,
+                "step": _progress_step(run_dir),
+                "requeue": True,
+                "final": False,
+                "message": "the batch script was killed before the attempt ended",
+            },
+        )
+    _append(
+        run_dir,
+        {
+            "event": "begin",
+            "attempt": len(begins),
+            "time": now,
+            "host": socket.gethostname(),
+            "nodes": env.get("SLURM_JOB_NODELIST", ""),
+            **_attempt_id(env),
+        },
+    )
+    return 0
+
+
+def decide(run_dir: Path, status: int, env: Mapping[str, str], preempt_time: PreemptTime) -> Decision:
+    """How this attempt ended and whether the job goes around again."""
+    me = _attempt_id(env)
+    stop = _this_attempt(run_dir / STOP, me)
+    budgets = _budgets(run_dir)
+    history = [r for r in current(read_attempts(run_dir)) if r["event"] == "end"]
+    # result.json of this attempt: every rank returned from the function (rank 0 wrote it after
+    # gathering their results). That is completion, whatever status srun then reported.
+    if (stop is None and status == 0) or _this_attempt(run_dir / RESULT, me) is not None:
+        return Decision("completed", _progress_step(run_dir), False, "completed")
+    reason: RequeueReason
+    if stop is not None:
+        reason = _classify(run_dir, me, env, preempt_time)
+        step = stop.get("step")
+    else:
+        reason = "failure"
+        failure = _this_attempt(run_dir / FAILURE, me)
+        step = failure["step"] if failure else _progress_step(run_dir)
+        if failure and failure.get("retry") is False:
+            return Decision(reason, step, False, f"{failure['error']}: not retrying")
+        earlier = [r for r in history if r["reason"] == "failure"]
+        if earlier and step is not None and earlier[-1].get("step") == step:
+            return Decision(reason, step, False, f"crashed at step {step} twice in a row: not retrying")
+    allowed = budgets[reason]
+    used = sum(1 for r in history if r["reason"] == reason) + 1
+    if allowed >= 0 and used > allowed:
+        return Decision(
+            reason, step, False, f"{reason} budget spent ({used - 1} requeues of {allowed} allowed)"
+        )
+    where = f" at step {step}" if step is not None else ""
+    return Decision(reason, step, True, f"{reason}{where}; requeue {used} (budget {_budget_text(allowed)})")
+
+
+def end(run_dir: Path, status: int, env: Mapping[str, str], now: float, preempt_time: PreemptTime) -> int:
+    """Record how this attempt ended and requeue it if it goes around again. Rank 0 calls this
+    right after a stop; the batch script calls it after srun, and then only repeats the requeue
+    if rank 0 already recorded one (the job being still alive means that requeue failed)."""
+    records = read_attempts(run_dir)
+    final = final_end(records)
+    if final is not None and final["reason"] == CANCELLED:
+        # `slurmddp cancel` marked the run before scancel; requeueing now would revive it
+        # (scontrol requeue takes a job cancelled a moment ago, seen on 22.05.8).
+        print("slurmddp: the run was cancelled; not requeueing", file=sys.stderr)
+        return 1
+    me = _attempt_id(env)
+    last = records[-1] if records else {}
+    if last.get("event") == "end" and all(last.get(key) == value for key, value in me.items()):
+        decision = Decision(last["reason"], last["step"], last["requeue"], last["message"])
+    else:
+        decision = decide(run_dir, status, env, preempt_time)
+        begins = [r for r in records if r["event"] == "begin"]
+        record = {
+            "event": "end",
+            "attempt": max(0, len(begins) - 1),
+            "reason": decision.reason,
+            "step": decision.step,
+            "status": status,
+            "time": now,
+            "requeue": decision.requeue,
+            "final": not decision.requeue,
+            "message": decision.message,
+        }
+        _append(run_dir, {**record, **me})
+        print(f"slurmddp: attempt ended: {decision.message}", file=sys.stderr)
+    if not decision.requeue:
+        return 0 if decision.reason == "completed" else 1
+    target = requeue_target(env)
+    refused = slurm.requeue(target)
+    if refused is not None:
+        # The job may already be on its way back (a preemption in REQUEUE mode requeues by itself).
+        print(f"slurmddp: scontrol requeue {target}: {refused}", file=sys.stderr)
+    return 0
+
+
+def requeue_target(env: Mapping[str, str]) -> str:
+    """The id to requeue: one array task, not the whole array (`scontrol requeue ARRAYID` takes all)."""
+    if env.get("SLURM_ARRAY_JOB_ID") and env.get("SLURM_ARRAY_TASK_ID"):
+        return f"{env['SLURM_ARRAY_JOB_ID']}_{env['SLURM_ARRAY_TASK_ID']}"
+    return env.get("SLURM_JOB_ID", "")
+
+
+def _classify(
+    run_dir: Path, me: Mapping[str, Any], env: Mapping[str, str], preempt_time: PreemptTime
+) -> RequeueReason:
+    """Preemption or time limit, from what Slurm says, not from elapsed time.
+
+    slurmctld sets a job's PreemptTime when it picks the job for preemption (seen on 22.05.8);
+    a job signalled for its time limit has none. `slurmddp interrupt` names the reason itself.
+    """
+    forced = _this_attempt(run_dir / INTERRUPT, me)
+    if forced is not None:
+        return cast(RequeueReason, forced["reason"])
+    picked = preempt_time(requeue_target(env) or env.get("SLURM_JOB_ID", ""))
+    return "preemption" if picked is not None else "timeout"
+
+
+def _this_attempt(path: Path, me: Mapping[str, Any]) -> dict[str, Any] | None:
+    """A record written during this attempt (same job, same restart count), else None."""
+    try:
+        record: dict[str, Any] = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    mine = (
+        str(record.get("job_id")) == str(me["job_id"]) and record.get("restart_count") == me["restart_count"]
+    )
+    return record if mine else None
+
+
+def _progress_step(run_dir: Path) -> int | None:
+    try:
+        return int(json.loads((run_dir / PROGRESS).read_text())["step"])
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def _budgets(run_dir: Path) -> dict[RequeueReason, int]:
+    config = yamlio.load((run_dir / CONFIG).read_text())
+    section = config.get("requeue", {}) if isinstance(config, dict) else {}
+    return {
+        "timeout": int(section.get("max_timeouts", BUDGETS["timeout"])),
+        "preemption": int(section.get("max_preemptions", BUDGETS["preemption"])),
+        "failure": int(section.get("max_failures", BUDGETS["failure"])),
+    }
+
+
+def _budget_text(allowed: int) -> str:
+    return "unlimited" if allowed < 0 else str(allowed)
+
+
+def main(argv: list[str]) -> int:
+    # A sweep's batch script names the sweep directory and its submission; the array task picks
+    # the element it runs from the sweep manifest.
+    if len(argv) in (4, 5) and argv[-2] == "--submission":
+        run_dir = element_dir(Path(argv[1]), int(argv[-1]), os.environ)
+        argv = [argv[0], str(run_dir), *argv[2:-2]]
+    if len(argv) == 2 and argv[0] == "begin":
+        return begin(Path(argv[1]), os.environ, time.time())
+    if len(argv) == 3 and argv[0] == "end":
+        return end(Path(argv[1]), int(argv[2]), os.environ, time.time(), slurm.preempt_time)
+    print(
+        "usage: python -m slurmddp.job.attempts begin RUN_DIR | end RUN_DIR STATUS "
+        "(each optionally followed by --submission N for a sweep)",
+        file=sys.stderr,
+    )
+    return 2
+
+
+def element_dir(sweep_dir: Path, submission: int, env: Mapping[str, str]) -> Path:
+    """The run directory of the element this array task runs (a one-element submission is a
+    plain job, without SLURM_ARRAY_TASK_ID)."""
+    manifest = json.loads((sweep_dir / SWEEP).read_text())
+    position = int(env.get("SLURM_ARRAY_TASK_ID") or 0)
+    index = manifest["submissions"][submission]["elements"][position]
+    return sweep_dir / str(manifest["elements"][index]["dir"])
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

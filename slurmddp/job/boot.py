@@ -1,0 +1,38 @@
+"""The first code a task runs: `python -u -m slurmddp.job.boot -u -m submitit.core._submit FOLDER`
+(submitit appends its own `-u -m submitit.core._submit FOLDER` to the interpreter command).
+
+It installs the stop-signal flag before anything heavy is imported, then hands over to submitit's
+job runner. submitit's runner installs handlers of its own just before it calls the rank, and the
+rank puts ours back first thing; until then a signal is recorded, not fatal.
+"""
+
+from __future__ import annotations
+
+import os
+import runpy
+import sys
+
+from slurmddp.defaults import ALWAYS_STOP_ON, STOP_SIGNAL, STOP_SIGNALS_ENV
+from slurmddp.job import signals
+
+
+def main(argv: list[str]) -> None:
+    stop_signals = tuple(os.environ.get(STOP_SIGNALS_ENV, f"{STOP_SIGNAL},{ALWAYS_STOP_ON}").split(","))
+    signals.install(stop_signals)
+    if argv[:1] == ["-u"]:
+        argv = argv[1:]  # already in effect: the interpreter was started with -u
+    if argv[:1] != ["-m"] or len(argv) < 2:
+        raise SystemExit("usage: python -u -m slurmddp.job.boot [-u] -m MODULE [ARGS...]")
+    sys.argv = [argv[1], *argv[2:]]
+    try:
+        runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
+    finally:
+        # The work is done: from here a stop signal must not kill the process. Python puts every
+        # signal with a Python handler back to its default action while it shuts down, and USR2's
+        # default is to terminate: a time-limit signal in those last milliseconds made srun report
+        # a finished rank as killed by signal 12 (seen on the lab, Slurm 22.05.8).
+        signals.ignore(stop_signals)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

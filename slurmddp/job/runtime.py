@@ -1,0 +1,282 @@
+"""The in-job side: turn a task into a DDP rank and run the user's entrypoint on it."""
+
+from __future__ import annotations
+
+import errno
+import importlib
+import importlib.util
+import json
+import os
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from slurmddp.cluster import fabric, slurm
+from slurmddp.defaults import LOCAL_REQUEUE_STATUS
+from slurmddp.errors import DistEnvError, EntrypointFailed, SlurmddpError
+from slurmddp.experiment.entrypoint import is_file_target
+from slurmddp.files import write_json
+from slurmddp.job import attempts, distenv, mpi, preflight, provenance, signals
+from slurmddp.job.context import RunContext
+from slurmddp.job.distenv import DistEnv
+from slurmddp.job.loop import StopForRequeue
+from slurmddp.job.spec import RankSpec
+from slurmddp.layout import FAILURE, NCCL_TRACE, RESULT, STOP
+
+SYSFS_ENV = "SLURMDDP_SYSFS"
+"""Where fabric detection reads sysfs; tests point it at fake trees."""
+
+
+def run_rank(spec: RankSpec) -> Any:
+    """Run one rank of the job described by `spec` in the current task."""
+    # Back to our flag first: submitit's runner put its own handlers in just before calling us.
+    signals.install(spec.stop_signals)
+    if mpi.choose(spec.dist.launcher, os.environ) == "mpi":
+        dist = mpi.from_mpi({**os.environ, **spec.env}, port=spec.dist.port)
+    else:
+        dist = distenv.from_environment(os.environ, port=spec.dist.port)
+    # Before torch is imported: OMP_NUM_THREADS and NCCL_* are read at import / init time.
+    os.environ.update(distenv.rank_env(dist))
+    os.environ.update(fabric_env(spec, dist))
+    os.environ.update(spec.env)
+    os.environ["SLURMDDP_RUN_DIR"] = spec.run_dir
+    os.chdir(spec.workdir)
+    if spec.workdir not in sys.path:
+        sys.path.insert(0, spec.workdir)
+    if dist.rank == 0:
+        _record_provenance(spec, dist)
+    if spec.script is not None:
+        return _run_script(spec, dist)
+    assert spec.function is not None
+    return _run_function(spec, dist, load_function(spec.function))
+
+
+def _record_provenance(spec: RankSpec, dist: DistEnv) -> None:
+    """In a thread: git and `scontrol --version` take tens of ms that the rendezvous need not wait
+    for. A failure to record is reported, never fatal."""
+
+    def run() -> None:
+        try:
+            provenance.record(
+                Path(spec.run_dir),
+                Path(spec.workdir),
+                dict(os.environ),
+                spec.config,
+                dist.job_id,
+                dist.restart_count,
+            )
+        except Exception as exc:
+            print(f"slurmddp: warning: could not record provenance: {exc!r}", file=sys.stderr, flush=True)
+
+    threading.Thread(target=run, name="slurmddp-provenance", daemon=True).start()
+
+
+def fabric_env(spec: RankSpec, dist: DistEnv) -> dict[str, str]:
+    """NCCL settings for this node's fabric, detected here: the login node's hardware is not the
+    compute nodes'. CPU ranks (gloo) skip it unless a profile is named explicitly."""
+    if spec.fabric_profile == "none" or (spec.fabric_profile == "auto" and dist.device_index is None):
+        return {}
+    live = {name for _, name in socket.if_nameindex()}
+    found = fabric.in_namespace(fabric.detect(Path(os.environ.get(SYSFS_ENV, "/sys"))), live)
+    try:
+        env = fabric.nccl_env(found, spec.fabric_profile, spec.env)
+    except SlurmddpError as exc:
+        raise type(exc)(f"{socket.gethostname()}: {exc}") from None
+    # The flight recorder's dump on a collective timeout goes next to the run, not to /tmp.
+    env.setdefault("TORCH_FR_DUMP_TEMP_FILE", str(Path(spec.run_dir) / NCCL_TRACE / "rank_"))
+    (Path(spec.run_dir) / NCCL_TRACE).mkdir(exist_ok=True)
+    if dist.local_rank == 0:
+        shown = " ".join(f"{key}={value}" for key, value in sorted(env.items()))
+        print(f"slurmddp: {socket.gethostname()}: {fabric.describe(found)}; {shown}", flush=True)
+    return env
+
+
+def load_function(target: str) -> Callable[[RunContext], Any]:
+    """Import `module:function` or `/path/file.py:function`."""
+    module_name, _, name = target.rpartition(":")
+    if is_file_target(module_name):
+        path = Path(module_name)
+        module_spec = importlib.util.spec_from_file_location(path.stem, path)
+        if module_spec is None or module_spec.loader is None:
+            raise SlurmddpError(f"cannot load {path} as a Python module")
+        module = importlib.util.module_from_spec(module_spec)
+        # Registered before it runs, as an import would, so pickle and dataclasses can find it.
+        sys.modules[path.stem] = module
+        module_spec.loader.exec_module(module)
+    else:
+        module = importlib.import_module(module_name)
+    function = getattr(module, name)
+    if not callable(function):
+        raise SlurmddpError(f"{target} is not callable")
+    return function  # type: ignore[no-any-return]
+
+
+def _run_function(spec: RankSpec, dist: DistEnv, function: Callable[[RunContext], Any]) -> Any:
+    import torch
+    import torch.distributed as tdist
+    from omegaconf import OmegaConf
+
+    backend = dist.backend if spec.dist.backend == "auto" else spec.dist.backend
+    host = socket.gethostname()
+    preflight.check_device(dist, host, Path(spec.run_dir))
+    if dist.device_index is not None:
+        device = torch.device("cuda", dist.device_index)
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+    if dist.rank == 0:
+        check_port_free(dist.master_port)
+    tdist.init_process_group(backend=backend, timeout=timedelta(seconds=spec.dist.timeout_s))
+    try:
+        if spec.preflight.enabled:
+            preflight.run(spec.preflight, dist, device, host, Path(spec.run_dir))
+        config = OmegaConf.create(spec.config)
+        OmegaConf.set_readonly(config, True)
+        ctx = RunContext(
+            dist=dist,
+            device=device,
+            config=config,
+            run_dir=Path(spec.run_dir),
+            checkpoint_dir=Path(spec.checkpoint_dir),
+        )
+        started = time.time()
+        try:
+            result = function(ctx)
+        except StopForRequeue as stop:
+            return _stopped(spec, dist, stop)
+        except Exception as exc:
+            _record_failure(spec, dist, ctx, exc)
+            raise
+        _check_json(result, spec.function)
+        gathered: list[Any] = [None] * dist.world_size
+        tdist.all_gather_object(gathered, result)
+        if dist.rank == 0:
+            write_result(Path(spec.run_dir), dist, gathered, started)
+        return result
+    finally:
+        tdist.destroy_process_group()
+
+
+def _stopped(spec: RankSpec, dist: DistEnv, stop: StopForRequeue) -> dict[str, Any]:
+    print(f"slurmddp: {stop}", flush=True)
+    if spec.executor == "local":
+        # submitit's local controller starts every task again when one exits with this status.
+        raise SystemExit(LOCAL_REQUEUE_STATUS)
+    if dist.rank == 0 and slurm.available("scontrol") and slurm.available("squeue"):
+        # The fast path: decide and requeue from here, ~1 s sooner than the batch script can once
+        # every rank has exited and srun has returned (the requeue ends the job, so the batch
+        # script's own record is never written twice). Without the tools (a container image),
+        # the batch script does it.
+        attempts.end(Path(spec.run_dir), 0, os.environ, time.time(), slurm.preempt_time)
+    return {"stopped_at": stop.step}
+
+
+def _record_failure(spec: RankSpec, dist: DistEnv, ctx: RunContext, exc: Exception) -> None:
+    """Where the attempt crashed, for the failure budget (a crash at the same step twice stops)."""
+    step = ctx.active_loop.step if ctx.active_loop is not None else None
+    write_json(
+        Path(spec.run_dir) / FAILURE,
+        {
+            "step": step,
+            "rank": dist.rank,
+            "error": repr(exc),
+            "job_id": dist.job_id,
+            "restart_count": dist.restart_count,
+            "time": time.time(),
+        },
+    )
+
+
+def _check_json(result: Any, target: str | None) -> None:
+    try:
+        json.dumps(result)
+    except (TypeError, ValueError) as exc:
+        raise SlurmddpError(
+            f"{target} returned {type(result).__name__}, which cannot be written to {RESULT} "
+            f"({exc}); return a dict of numbers and strings"
+        ) from None
+
+
+def write_result(run_dir: Path, dist: DistEnv, per_rank: list[Any], started_at: float) -> None:
+    """result.json: rank 0's return value, every rank's, where the job ran, and when rank 0 called
+    the function (its process group ready)."""
+    write_json(
+        run_dir / RESULT,
+        {
+            "result": per_rank[0],
+            "ranks": per_rank,
+            "world_size": dist.world_size,
+            "num_nodes": dist.num_nodes,
+            "job_id": dist.job_id,
+            "restart_count": dist.restart_count,
+            "started_at": started_at,
+            "train_seconds": round(time.time() - started_at, 3),
+        },
+    )
+
+
+def check_port_free(port: int) -> None:
+    """Fail with the reason when rank 0's rendezvous port is taken, instead of a bare EADDRINUSE."""
+    probe = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    # SO_REUSEADDR as TCPStore sets it: a TIME_WAIT socket left by this job's previous attempt
+    # does not block the port, only a live listener does.
+    probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        probe.bind(("", port))
+    except OSError as exc:
+        if exc.errno == errno.EADDRINUSE:
+            raise DistEnvError(
+                f"MASTER_PORT {port} is already in use on {socket.gethostname()} (another job on this "
+                "node, or a job whose id differs from this one by a multiple of 10000); set dist.port"
+            ) from None
+        raise
+    finally:
+        probe.close()
+
+
+def _run_script(spec: RankSpec, dist: DistEnv) -> int:
+    """Run a torchrun-style script as this rank. A stop signal reaches it as SIGTERM, the signal
+    torchrun's agent sends its workers; the script saves its own snapshot and exits, and the job is
+    requeued as for a function entrypoint."""
+    assert spec.script is not None
+    if dist.rank == 0:
+        check_port_free(dist.master_port)
+    command = [sys.executable, spec.script, *spec.args]
+    child = subprocess.Popen(command, env=os.environ.copy())
+    forwarded = False
+    while True:
+        try:
+            code = child.wait(timeout=0.2)
+            break
+        except subprocess.TimeoutExpired:
+            if signals.received() is not None and not forwarded:
+                child.send_signal(signal.SIGTERM)
+                forwarded = True
+    stop = signals.received()
+    if stop is not None:
+        if dist.rank == 0:
+            write_json(
+                Path(spec.run_dir) / STOP,
+                {
+                    "step": None,
+                    "signal": signals.name(stop),
+                    "script_status": code,
+                    "job_id": dist.job_id,
+                    "restart_count": dist.restart_count,
+                    "time": time.time(),
+                },
+            )
+        if spec.executor == "local":
+            raise SystemExit(LOCAL_REQUEUE_STATUS)
+        return code
+    if code != 0:
+        raise EntrypointFailed(f"rank {dist.rank}: {shlex.join(command)} exited with status {code}")
+    return code

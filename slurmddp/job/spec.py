@@ -1,0 +1,54 @@
+"""What submitit pickles into the job: a RankSpec of plain values and the callable that runs it.
+
+This module stays light (no torch, no user code) because every task unpickles it first thing, and
+it is the one piece of `job` that the submit side may import. The user's code is named by a string
+and imported inside the rank, never pickled.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from slurmddp.defaults import RunExecutor
+from slurmddp.experiment.schema import Dist, Preflight
+
+
+@dataclass(frozen=True)
+class RankSpec:
+    """Everything a rank needs besides its environment."""
+
+    function: str | None
+    """`module:function` or `/abs/file.py:function`."""
+    script: str | None
+    """Absolute path of a torchrun-style script."""
+    args: tuple[str, ...]
+    workdir: str
+    """The submit directory: ranks run there and import from there."""
+    run_dir: str
+    checkpoint_dir: str
+    config: dict[str, Any]
+    """The resolved experiment, handed to the user's function as ctx.config."""
+    dist: Dist
+    """How the ranks find each other (backend, port, timeout, launcher)."""
+    preflight: Preflight
+    env: dict[str, str]
+    """Variables every rank gets besides the rank variables (OMP_NUM_THREADS, fabric.env)."""
+    fabric_profile: str
+    stop_signals: tuple[str, ...]
+    executor: RunExecutor
+    """How a stopped rank asks to be run again."""
+
+
+class Rank:
+    """The callable submitit runs in every task."""
+
+    def __init__(self, spec: RankSpec) -> None:
+        self.spec = spec
+
+    def __call__(self) -> Any:
+        # Imported here: unpickling this class on a task must not pull in torch, and the submit
+        # side that builds it must not import the runtime.
+        from slurmddp.job.runtime import run_rank
+
+        return run_rank(self.spec)

@@ -1,0 +1,45 @@
+"""The run directory: the names of the files in it and how a new one is named. One home for them,
+because the batch script, the ranks and the login-node commands each read what another wrote.
+
+    OUTPUT_DIR/NAME/YYYYmmdd-HHMMSS-xxxx/        a run (or a sweep, with one INDEX-HASH/ per element)
+        config.yaml      the resolved experiment
+        manifest.json    how it was submitted (a sweep has sweep.json instead)
+        logs/            submitit's folder: batch script, pickles, one log per rank
+        attempts.jsonl   every attempt's begin and end
+        ...
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import secrets
+from pathlib import Path
+
+CONFIG = "config.yaml"
+MANIFEST = "manifest.json"
+SWEEP = "sweep.json"
+LOGS = "logs"
+CHECKPOINTS = "checkpoints"
+ATTEMPTS = "attempts.jsonl"
+INTERRUPT = "interrupt.json"
+"""`slurmddp interrupt`: which reason the signal it sent stands for."""
+STOP = "stop.json"
+"""Rank 0: the step every rank stopped at after a stop signal."""
+FAILURE = "failure.json"
+"""A rank's exception (or the preflight's verdict), for the failure budget."""
+PROGRESS = "progress.json"
+"""Rank 0: how far the loop got, refreshed every few seconds."""
+RESULT = "result.json"
+METRICS = "metrics.jsonl"
+PREFLIGHT = "preflight.json"
+PROVENANCE = "provenance"
+NCCL_TRACE = "nccl_trace"
+PROBE = "probe"
+"""`doctor --probe`: what each rank of the probe job saw."""
+RESULTS_CSV = "results.csv"
+
+
+def new_run_dir(output_dir: str | Path, name: str, now: dt.datetime | None = None) -> Path:
+    """OUTPUT_DIR/NAME/YYYYmmdd-HHMMSS-xxxx, absolute: the ranks run elsewhere."""
+    stamp = (now or dt.datetime.now()).strftime("%Y%m%d-%H%M%S")
+    return (Path(output_dir) / name / f"{stamp}-{secrets.token_hex(2)}").resolve()

@@ -1,0 +1,154 @@
+"""Acting on submitted runs and sweeps from the login node: interrupt, cancel, resubmit."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+from slurmddp import yamlio
+from slurmddp.cluster import slurm
+from slurmddp.defaults import STOP_SIGNAL, RequeueReason
+from slurmddp.errors import SlurmddpError
+from slurmddp.experiment.load import Loaded, SweepElement, load_experiment
+from slurmddp.files import write_json
+from slurmddp.job import attempts
+from slurmddp.layout import CONFIG, INTERRUPT, PROGRESS
+from slurmddp.manage import runs
+from slurmddp.manage.runs import RunState
+from slurmddp.submit import submitter
+from slurmddp.submit.planner import plan_for
+
+# States `resubmit --failed` reruns: the run ended without completing and was not cancelled.
+FAILED_STATES: frozenset[RunState] = frozenset(
+    {"FAILED", "TIMEOUT", "PREEMPTED", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"}
+)
+
+
+def interrupt(ref: str, reason: RequeueReason, index: int | None = None) -> str:
+    """Send the running job what Slurm sends on a preemption or near its time limit, and record
+    which of the two it stands for; returns what was done."""
+    target = runs.resolve(ref)
+    element = target.element(index)
+    job = element.job_id
+    state = (slurm.queue_state(job) or "no longer in the queue") if job else "not submitted"
+    if job is None or state != "RUNNING":
+        raise SlurmddpError(f"job {job} is {state}: only a running job can be interrupted")
+    fields = slurm.job_fields(job)
+    # An array task's own job id is what its ranks see as SLURM_JOB_ID.
+    if "JobId" not in fields or not fields.get("Restarts", "").isdigit():
+        raise SlurmddpError(f"scontrol show job {job} names no JobId and Restarts; has it just ended?")
+    config: Any = yamlio.load((element.dir / CONFIG).read_text())
+    name = str(config.get("requeue", {}).get("signal", STOP_SIGNAL))
+    record = {"reason": reason, "job_id": fields["JobId"], "restart_count": int(fields["Restarts"])}
+    write_json(element.dir / INTERRUPT, record)
+    slurm.signal(job, name)
+    return f"sent SIG{name} to the ranks of job {job} as a {reason}; run dir {element.dir}"
+
+
+def cancel(ref: str, index: int | None = None) -> list[str]:
+    """Cancel a run, a whole sweep, or one element; returns a line per element cancelled.
+
+    Each run is marked final in its attempts.jsonl before scancel, so that neither a rank's
+    requeue in flight nor the next batch-script start brings it back.
+    """
+    target = runs.resolve(ref)
+    chosen = target.elements if index is None and target.kind == "sweep" else (target.element(index),)
+    known = slurm.job_states([e.job_id for e in chosen if e.job_id]) if target.executor == "slurm" else {}
+    done = []
+    for element in chosen:
+        state = runs.element_state(target, element, known)
+        if state not in runs.ACTIVE_STATES and state != "UNKNOWN":
+            continue
+        attempts.mark(
+            element.dir,
+            {
+                "event": "end",
+                "reason": attempts.CANCELLED,
+                "final": True,
+                "requeue": False,
+                "time": time.time(),
+                "step": None,
+                "message": "cancelled by the user",
+            },
+        )
+        done.append(element)
+    if target.executor == "slurm":
+        # A whole sweep by its array ids (pending tasks included); otherwise by task id.
+        if index is None and target.kind == "sweep":
+            ids = sorted({str(s["job_id"]) for s in target.manifest["submissions"] if s["job_id"]})
+        else:
+            ids = [e.job_id for e in done if e.job_id]
+        slurm.cancel(ids)
+    else:
+        for element in done:
+            _kill_local(element)
+    return [_label(element) for element in done]
+
+
+def _kill_local(element: runs.Run) -> None:
+    if element.job_id and element.job_id.isdigit():
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(int(element.job_id), signal.SIGTERM)
+
+
+def _label(element: runs.Run) -> str:
+    where = f"element {element.index} " if element.index is not None else ""
+    return f"{where}job {element.job_id} ({element.dir})"
+
+
+def resubmit_failed(ref: str, argv: list[str]) -> tuple[str, list[int]]:
+    """Submit the failed elements of a sweep again, as one new array; each resumes from its own
+    latest checkpoint with fresh budgets. Returns the new array id and the indices."""
+    target = runs.resolve(ref)
+    if target.kind != "sweep":
+        raise SlurmddpError(f"{target.dir} is a single run; resubmit works on sweeps (submit the run again)")
+    if target.executor != "slurm":
+        raise SlurmddpError("resubmit needs Slurm; this sweep ran with the local executor")
+    known = slurm.job_states([e.job_id for e in target.elements if e.job_id])
+    failed = [e for e in target.elements if runs.element_state(target, e, known) in FAILED_STATES]
+    if not failed:
+        raise SlurmddpError(f"{target.dir}: no failed elements to resubmit")
+    manifest = target.manifest
+    elements = [SweepElement(e.index or 0, e.overrides, e.dir.name, _saved(e.dir, manifest)) for e in failed]
+    plan = plan_for(
+        _saved(target.dir, manifest),
+        elements=elements,
+        executor="slurm",
+        run_dir=target.dir,
+        workdir=Path(manifest["workdir"]),
+        submission=len(manifest["submissions"]),
+        max_parallel=manifest.get("max_parallel"),
+    )
+    submitter.check_array_size(len(failed), slurm.max_array_size())
+    submitter.check_schedulable(plan)
+    indices = [e.index for e in failed if e.index is not None]
+    for element in failed:
+        attempts.mark(element.dir, {"event": "resubmit", "time": time.time(), "argv": argv})
+    job_id = submitter.submit_array(plan, manifest, indices)
+    return job_id, indices
+
+
+def _saved(run_dir: Path, manifest: dict[str, Any]) -> Loaded:
+    """The experiment as it was submitted, from the config.yaml saved in `run_dir`: the experiment
+    file may have changed since. Its profile is already merged in."""
+    loaded = load_experiment(run_dir / CONFIG, ["profile=null"])
+    # Relative entrypoints are looked up from the experiment's own directory, as at submit time.
+    return dataclasses.replace(loaded, source=Path(manifest["experiment"]))
+
+
+def last_save_seconds(output_dir: Path, name: str) -> float | None:
+    """How long the newest earlier run of this experiment took to save a checkpoint, if known."""
+    for progress in sorted((output_dir / name).glob(f"*/{PROGRESS}"), reverse=True):
+        try:
+            seconds = json.loads(progress.read_text()).get("last_save_s")
+        except (OSError, ValueError):
+            continue
+        if seconds:
+            return float(seconds)
+    return None

@@ -1,0 +1,175 @@
+"""Rows of runs -> text tables, JSON, CSV and a plot, for status, list and results."""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from slurmddp.errors import SlurmddpError
+from slurmddp.experiment.sweep import describe
+from slurmddp.manage import runs
+
+
+def table(header: Sequence[str], body: Sequence[Sequence[str]]) -> str:
+    """Columns padded to their widest cell; numbers would read better right-aligned, but the
+    overrides column is free text and left alignment keeps it scannable."""
+    widths = [max(len(str(cell)) for cell in column) for column in zip(header, *body, strict=False)]
+    lines = [
+        "  ".join(str(cell).ljust(width) for cell, width in zip(row, widths, strict=False))
+        for row in [header, *body]
+    ]
+    return "\n".join(line.rstrip() for line in lines)
+
+
+def status_table(target: runs.Target, rows: list[runs.Row], metric: str | None) -> str:
+    shown = metric or _first_metric(rows)
+    header = ["index", "overrides", "state", "attempts", "step", shown or "metric", "elapsed", "job"]
+    body = [
+        [
+            "-" if row.index is None else str(row.index),
+            describe(row.overrides) or "-",
+            row.state,
+            str(row.attempts),
+            "-" if row.step is None else str(row.step),
+            _number(row.metrics.get(shown)) if shown else "-",
+            duration(row.elapsed_s),
+            row.job_id or "-",
+        ]
+        for row in rows
+    ]
+    counts: dict[str, int] = {}
+    for row in rows:
+        counts[row.state] = counts.get(row.state, 0) + 1
+    summary = ", ".join(f"{n} {state.lower()}" for state, n in sorted(counts.items()))
+    title = f"{target.kind} {target.manifest.get('name', '')} ({target.executor}) {target.dir}: {summary}"
+    return f"{title}\n{table(header, body)}"
+
+
+def status_json(target: runs.Target, rows: list[runs.Row]) -> dict[str, Any]:
+    return {
+        "kind": target.kind,
+        "dir": str(target.dir),
+        "name": target.manifest.get("name"),
+        "executor": target.executor,
+        "elements": [asdict(row) for row in rows],
+    }
+
+
+def list_table(records: list[dict[str, Any]]) -> str:
+    header = ["submitted", "kind", "name", "job", "dir"]
+    body = [
+        [
+            time.strftime("%Y-%m-%d %H:%M", time.localtime(r["time"])),
+            r["kind"],
+            r["name"],
+            r["job_id"],
+            r["dir"],
+        ]
+        for r in records
+    ]
+    return table(header, body)
+
+
+def ranked(rows: list[runs.Row], metric: str, mode: str) -> list[runs.Row]:
+    """Rows sorted best first by `metric`; rows without it (or with NaN) go last."""
+    if not any(metric in row.metrics for row in rows):
+        known = sorted({name for row in rows for name in row.metrics})
+        hint = f"; logged metrics: {', '.join(known)}" if known else "; nothing was logged yet (ctx.log)"
+        raise SlurmddpError(f"no element logged a metric named {metric!r}{hint}")
+
+    def key(row: runs.Row) -> tuple[int, float]:
+        value = row.metrics.get(metric)
+        if value is None or math.isnan(value):
+            return (1, 0.0)
+        return (0, value if mode == "min" else -value)
+
+    return sorted(rows, key=key)
+
+
+def results_table(rows: list[runs.Row], keys: list[str], metrics: list[str]) -> str:
+    header = ["index", *(k.removeprefix("train.") for k in keys), "state", "step", *metrics]
+    return table(header, [_results_cells(row, keys, metrics) for row in rows])
+
+
+def results_csv(rows: list[runs.Row], keys: list[str], metrics: list[str]) -> str:
+    out = io.StringIO()
+    writer = csv.writer(out)
+    writer.writerow(["index", *keys, "state", "step", *metrics, "dir"])
+    for row in rows:
+        writer.writerow(
+            [
+                row.index,
+                *(row.overrides.get(k, "") for k in keys),
+                row.state,
+                "" if row.step is None else row.step,
+                *(row.metrics.get(m, "") for m in metrics),
+                row.dir,
+            ]
+        )
+    return out.getvalue()
+
+
+def _results_cells(row: runs.Row, keys: list[str], metrics: list[str]) -> list[str]:
+    return [
+        "-" if row.index is None else str(row.index),
+        *(_number(row.overrides.get(k)) for k in keys),
+        row.state,
+        "-" if row.step is None else str(row.step),
+        *(_number(row.metrics.get(m)) for m in metrics),
+    ]
+
+
+def plot(rows: list[runs.Row], metric: str, path: Path) -> None:
+    """A PNG of `metric` over steps, one line per element (needs the `plot` extra: matplotlib)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise SlurmddpError("--plot needs matplotlib: pip install 'slurmddp[plot]'") from None
+    figure, axes = plt.subplots(figsize=(8, 5))
+    for row in rows:
+        # A resumed attempt logs the steps since its checkpoint again: the newest value wins.
+        by_step = {
+            r["step"]: r[metric] for r in runs.read_metrics(Path(row.dir)) if metric in r and "step" in r
+        }
+        if by_step:
+            steps = sorted(by_step)
+            label = f"{row.index}: {describe(row.overrides)}" if row.index is not None else "run"
+            axes.plot(steps, [by_step[s] for s in steps], label=label)
+    axes.set_xlabel("step")
+    axes.set_ylabel(metric)
+    axes.legend(fontsize="small")
+    figure.tight_layout()
+    figure.savefig(path, format="png")
+    plt.close(figure)
+
+
+def metric_names(rows: list[runs.Row]) -> list[str]:
+    return sorted({name for row in rows for name in row.metrics})
+
+
+def _first_metric(rows: list[runs.Row]) -> str | None:
+    names = metric_names(rows)
+    return names[0] if names else None
+
+
+def _number(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    return str(value)
+
+
+def duration(seconds: float) -> str:
+    seconds = int(seconds)
+    hours, rest = divmod(seconds, 3600)
+    return f"{hours}:{rest // 60:02d}:{rest % 60:02d}"

@@ -1,0 +1,278 @@
+"""What was submitted, read back from run directories and the cluster alone.
+
+Everything `status`, `logs`, `cancel`, `resubmit` and `results` need is in the run (or sweep)
+directory plus squeue/sacct, so they work from a new shell on any login node.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from slurmddp.cluster import slurm
+from slurmddp.cluster.slurm import JobState
+from slurmddp.defaults import EndReason, RunExecutor, RunKind
+from slurmddp.errors import SlurmddpError
+from slurmddp.job.attempts import final_end, read_attempts
+from slurmddp.layout import FAILURE, MANIFEST, METRICS, PROGRESS, RESULT, SWEEP
+from slurmddp.manage import index
+
+RunState = Literal[JobState, "UNSUBMITTED"]
+"""What `status` shows for a run: Slurm's state, or that it was never submitted."""
+# How the reason of a run's final attempt record reads as a state (sacct's spelling).
+FINAL_STATES: dict[EndReason, JobState] = {
+    "completed": "COMPLETED",
+    "cancelled": "CANCELLED",
+    "failure": "FAILED",
+    "timeout": "TIMEOUT",
+    "preemption": "PREEMPTED",
+    "killed": "FAILED",
+}
+ACTIVE_STATES: frozenset[RunState] = frozenset(
+    {
+        "PENDING",
+        "CONFIGURING",
+        "RUNNING",
+        "COMPLETING",
+        "REQUEUED",
+        "REQUEUE_HOLD",
+        "REQUEUE_FED",
+        "SUSPENDED",
+    }
+)
+
+
+@dataclass(frozen=True)
+class Run:
+    """A run, or one element of a sweep: where it lives and every job id it has had."""
+
+    index: int | None
+    """The sweep index; None for a plain run."""
+    dir: Path
+    overrides: dict[str, Any]
+    job_ids: tuple[str, ...]
+    """Oldest first; the last is the current one (`ARRAYID_TASK` for an array task)."""
+    logs: Path
+    """submitit's folder holding the current job's per-rank logs."""
+
+    @property
+    def job_id(self) -> str | None:
+        return self.job_ids[-1] if self.job_ids else None
+
+
+@dataclass(frozen=True)
+class Target:
+    """A run or a sweep, as found on disk."""
+
+    kind: RunKind
+    dir: Path
+    manifest: dict[str, Any]
+    elements: tuple[Run, ...] = field(default=())
+
+    @property
+    def executor(self) -> RunExecutor:
+        return "local" if self.manifest.get("executor") == "local" else "slurm"
+
+    def element(self, index: int | None) -> Run:
+        if index is None:
+            if len(self.elements) == 1:
+                return self.elements[0]
+            raise SlurmddpError(
+                f"{self.dir} is a sweep of {len(self.elements)} elements: name one with --index"
+            )
+        for element in self.elements:
+            if element.index == index:
+                return element
+        last = len(self.elements) - 1
+        raise SlurmddpError(f"{self.dir}: no element {index}; the sweep's indices are 0-{last}")
+
+
+def resolve(ref: str | None) -> Target:
+    """A run or sweep from its directory, an element's directory, a job id, or (None) the newest."""
+    if ref is None:
+        latest = index.recent(1)
+        if not latest:
+            raise SlurmddpError("nothing submitted yet (no runs in the index); name a run directory")
+        return load(Path(latest[0]["dir"]))
+    path = Path(ref)
+    if path.is_dir():
+        return load(path)
+    if ref.split("_")[0].isdigit():
+        for record in reversed(index.records()):
+            if record["job_id"] == ref.split("_")[0] and Path(record["dir"]).is_dir():
+                return load(Path(record["dir"]))
+        return load(_dir_from_queue(ref))
+    raise SlurmddpError(f"{ref!r} is neither a run or sweep directory nor a job id")
+
+
+def load(path: Path) -> Target:
+    path = path.resolve()
+    if (path / SWEEP).is_file():
+        return _load_sweep(path)
+    if (path.parent / SWEEP).is_file():  # an element's directory (a local one has a manifest too)
+        return _load_sweep(path.parent)
+    if (path / MANIFEST).is_file():
+        manifest = _read_json(path / MANIFEST)
+        element = Run(None, path, {}, (str(manifest["job_id"]),), Path(manifest["logs"]))
+        return Target("run", path, manifest, (element,))
+    raise SlurmddpError(f"{path} is not a slurmddp run or sweep directory (no {MANIFEST} or {SWEEP})")
+
+
+def _load_sweep(path: Path) -> Target:
+    manifest = _read_json(path / SWEEP)
+    jobs: dict[int, list[str]] = {}
+    logs: dict[int, Path] = {}
+    for submission in manifest["submissions"]:
+        if submission["job_id"] is None:
+            continue
+        indices = submission["elements"]
+        for position, number in enumerate(indices):
+            job = str(submission["job_id"]) if len(indices) == 1 else f"{submission['job_id']}_{position}"
+            jobs.setdefault(number, []).append(job)
+            logs[number] = Path(submission.get("logs") or manifest["logs"])
+    elements = tuple(
+        Run(
+            e["index"],
+            path / e["dir"],
+            e["overrides"],
+            tuple(jobs.get(e["index"], ())),
+            logs.get(e["index"], Path(manifest["logs"])),
+        )
+        for e in manifest["elements"]
+    )
+    return Target("sweep", path, manifest, elements)
+
+
+def _dir_from_queue(job_id: str) -> Path:
+    command = slurm.queued_field(job_id, "%o")
+    if not command:
+        raise SlurmddpError(f"job {job_id} is neither in the index of submissions nor in the queue")
+    # The batch script is DIR/logs/JOBID_submission.sh (submitit's folder layout).
+    return Path(command).parent.parent
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        data: dict[str, Any] = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise SlurmddpError(f"cannot read {path}: {exc}") from None
+    return data
+
+
+# ---- the state of jobs and elements ----
+
+
+def element_state(target: Target, element: Run, states: dict[str, JobState]) -> RunState:
+    """What a run is doing: its own final record first, then what Slurm says."""
+    records = read_attempts(element.dir)
+    final = final_end(records)
+    if final is not None:
+        return FINAL_STATES.get(final["reason"], "FAILED")
+    if target.executor == "local":
+        return _local_state(element)
+    if element.job_id is None:
+        return "UNSUBMITTED"
+    return states.get(element.job_id, "UNKNOWN")
+
+
+def _local_state(element: Run) -> RunState:
+    if (element.dir / RESULT).is_file():
+        return "COMPLETED"
+    if (element.dir / FAILURE).is_file():
+        return "FAILED"
+    job = element.job_id
+    if job is not None and job.isdigit() and Path(f"/proc/{job}").exists():
+        return "RUNNING"
+    return "UNKNOWN" if job is None else "FAILED"
+
+
+@dataclass(frozen=True)
+class Row:
+    """One line of `status`."""
+
+    index: int | None
+    overrides: dict[str, Any]
+    state: RunState
+    attempts: int
+    step: int | None
+    metrics: dict[str, float]
+    """The latest value of every metric rank 0 logged."""
+    elapsed_s: float
+    job_id: str | None
+    dir: str
+
+
+def rows(target: Target) -> list[Row]:
+    ids = [e.job_id for e in target.elements if e.job_id is not None]
+    states = slurm.job_states(ids) if target.executor == "slurm" else {}
+    now = time.time()
+    out = []
+    for element in target.elements:
+        records = read_attempts(element.dir)
+        metrics, metric_step = latest_metrics(element.dir)
+        progress = _read_optional(element.dir / PROGRESS).get("step")
+        steps = [s for s in (progress, metric_step) if isinstance(s, int)]
+        out.append(
+            Row(
+                index=element.index,
+                overrides=element.overrides,
+                state=element_state(target, element, states),
+                attempts=sum(1 for r in records if r["event"] == "begin"),
+                step=max(steps) if steps else None,
+                metrics=metrics,
+                elapsed_s=_elapsed(records, now),
+                job_id=element.job_id,
+                dir=str(element.dir),
+            )
+        )
+    return out
+
+
+def _elapsed(records: list[dict[str, Any]], now: float) -> float:
+    """Seconds spent in attempts (time in the queue between them does not count)."""
+    total = 0.0
+    started: float | None = None
+    for record in records:
+        if record["event"] == "begin":
+            started = float(record["time"])
+        elif record["event"] == "end" and started is not None:
+            total += float(record["time"]) - started
+            started = None
+    if started is not None:
+        total += now - started
+    return total
+
+
+def latest_metrics(run_dir: Path) -> tuple[dict[str, float], int | None]:
+    """The newest value of each metric in RUN_DIR/metrics.jsonl, and the newest step logged."""
+    latest: dict[str, float] = {}
+    step: int | None = None
+    for record in read_metrics(run_dir):
+        step = record.get("step", step)
+        latest.update({k: v for k, v in record.items() if k not in ("step", "time")})
+    return latest, step
+
+
+def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
+    try:
+        text = (run_dir / METRICS).read_text()
+    except OSError:
+        return []
+    records = []
+    for line in text.splitlines():
+        try:
+            records.append(json.loads(line))
+        except ValueError:
+            continue  # a line cut short by a killed rank 0
+    return records
+
+
+def _read_optional(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}

@@ -1,0 +1,63 @@
+"""Running a sweep without Slurm, and following a submitted one to its end."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import TextIO
+
+from slurmddp.errors import EXIT_JOB_FAILED
+from slurmddp.experiment.load import Loaded, SweepElement
+from slurmddp.experiment.sweep import describe
+from slurmddp.files import write_json
+from slurmddp.layout import SWEEP
+from slurmddp.manage import index, report, runs
+from slurmddp.manage.follow import FINAL_OK, follow
+from slurmddp.submit import submitter
+from slurmddp.submit.plan import SubmissionPlan
+from slurmddp.submit.planner import plan_for
+
+ALL_COMPLETED = 0
+"""Exit status when every element completed; otherwise EXIT_JOB_FAILED."""
+
+
+def run_local(
+    plan: SubmissionPlan, loaded: Loaded, elements: list[SweepElement], argv: list[str], out: TextIO
+) -> int:
+    """Without Slurm the elements run one after another on this machine, each as its own job."""
+    plan.run_dir.mkdir(parents=True)
+    manifest = submitter.sweep_manifest(plan, loaded, elements, argv)
+    write_json(plan.run_dir / SWEEP, manifest)
+    index.remember(plan.run_dir, "sweep", plan.job_name, "local")
+    out.write(f"slurmddp: running a sweep of {len(elements)} elements here, one after another\n")
+    out.write(f"  sweep dir: {plan.run_dir}\n")
+    failed = 0
+    for element in elements:
+        element_plan = plan_for(element.loaded, executor="local", run_dir=plan.run_dir / element.dir_name)
+        sub = submitter.submit(element_plan, element.loaded, argv)
+        submitter.record_submission(plan.run_dir, manifest, sub, element.index)
+        out.write(f"slurmddp: element {element.index} ({describe(element.overrides)}): job {sub.job_id}\n")
+        failed += follow(sub, out) != FINAL_OK
+    print_status(plan.run_dir, out)
+    return EXIT_JOB_FAILED if failed else ALL_COMPLETED
+
+
+def wait(sweep_dir: Path, out: TextIO, poll_s: float = 5.0) -> int:
+    """Poll until no element is pending or running, then print the status table."""
+    target = runs.load(sweep_dir)
+    quiet = 0
+    # Two quiet polls in a row: a requeued element can be between two states for a moment.
+    while quiet < 2:
+        active = any(row.state in runs.ACTIVE_STATES for row in runs.rows(target))
+        quiet = 0 if active else quiet + 1
+        time.sleep(poll_s if active else 1.0)
+    rows = print_status(sweep_dir, out)
+    return ALL_COMPLETED if all(row.state == FINAL_OK for row in rows) else EXIT_JOB_FAILED
+
+
+def print_status(run_dir: Path, out: TextIO) -> list[runs.Row]:
+    target = runs.load(run_dir)
+    rows = runs.rows(target)
+    out.write(report.status_table(target, rows, target.manifest.get("metric")) + "\n")
+    out.flush()
+    return rows

@@ -1,0 +1,294 @@
+"""Experiment -> SubmissionPlan: every decision about a submission, as plain printable values.
+
+Pure apart from reading the entrypoint's source (never running it). `dryrun` prints a plan and
+`submit` hands one to submitit, so what a user previews is what runs.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from slurmddp.cluster.timespec import minutes_ceil, parse_time
+from slurmddp.defaults import ALWAYS_STOP_ON, RunExecutor
+from slurmddp.errors import ConfigError
+from slurmddp.experiment.entrypoint import check_function, check_script
+from slurmddp.experiment.load import Loaded
+from slurmddp.experiment.schema import Experiment
+from slurmddp.job.spec import RankSpec
+from slurmddp.layout import CHECKPOINTS, LOGS
+from slurmddp.submit.script import BOOT_MODULE, render_template, sbatch_script
+
+# A rank that dies takes the whole step down at once instead of leaving its peers blocked in a
+# collective until the distributed timeout.
+SRUN_ARGS = ("--kill-on-bad-exit=1",)
+
+
+@dataclass(frozen=True)
+class SubmissionPlan:
+    """What submitit is asked to do, and what each rank will be handed."""
+
+    executor: RunExecutor
+    job_name: str
+    run_dir: Path
+    folder: Path
+    """submitit's folder: the batch script, pickles and per-task logs."""
+    python: str
+    """The command each task starts: the interpreter running slurmddp's boot module."""
+    parameters: dict[str, Any]
+    """Keyword arguments for the submitit executor's update_parameters."""
+    rank: RankSpec
+    world_size: int
+    notes: tuple[str, ...] = field(default=())
+    """Things the user should know about this plan (printed by submit and dryrun)."""
+    array: tuple[RankSpec, ...] = field(default=())
+    """For a sweep: one spec per array task, in task order (`rank` is the first)."""
+
+    def batch_script(self) -> str:
+        """The batch script submitit writes for this plan, byte for byte (Slurm plans)."""
+        return sbatch_script(command(self), self.folder, self.parameters, len(self.array))
+
+
+def build(
+    loaded: Loaded,
+    *,
+    executor: RunExecutor,
+    workdir: Path,
+    run_dir: Path,
+    interpreter: str,
+    elements: tuple[tuple[Loaded, Path], ...] = (),
+    submission: int | None = None,
+    max_parallel: int | None = None,
+) -> SubmissionPlan:
+    """The plan for `loaded` run from `workdir`, writing to `run_dir`, on `executor`, with the
+    Python `interpreter` (a shell-quoted command).
+
+    For a sweep, `run_dir` is the sweep's directory, `elements` the (config, run directory) of each
+    array task in order, `submission` the number of this submission in the sweep manifest, and
+    `max_parallel` how many of its tasks may run at once (None: all).
+    """
+    exp = loaded.experiment
+    checked: dict[tuple[str, str], str | None] = {}
+    ranks = tuple(
+        rank_spec(element, executor, workdir, element_dir, checked)
+        for element, element_dir in (elements or ((loaded, run_dir),))
+    )
+    if elements:
+        _check_shared(ranks)
+    folder = run_dir / LOGS
+    if executor == "slurm":
+        parameters = slurm_parameters(exp, run_dir, interpreter, submission)
+        if elements:
+            parameters["array_parallelism"] = max_parallel or len(ranks)
+        notes = slurm_notes(exp)
+    else:
+        parameters = local_parameters(exp)
+        notes = local_notes(exp)
+    return SubmissionPlan(
+        executor=executor,
+        job_name=exp.name,
+        run_dir=run_dir,
+        folder=folder,
+        python=f"{interpreter} -u -m {BOOT_MODULE}",
+        parameters=parameters,
+        rank=ranks[0],
+        world_size=exp.resources.world_size,
+        notes=notes,
+        array=ranks if elements else (),
+    )
+
+
+def rank_spec(
+    loaded: Loaded,
+    executor: RunExecutor,
+    workdir: Path,
+    run_dir: Path,
+    checked: dict[tuple[str, str], str | None],
+) -> RankSpec:
+    """What one rank of this experiment is handed; `checked` caches entrypoint checks (a sweep
+    repeats the same entrypoint in every element)."""
+    exp = loaded.experiment
+
+    def check(kind: str, value: str | None) -> str | None:
+        if (kind, str(value)) not in checked:
+            check_fn = check_function if kind == "function" else check_script
+            checked[kind, str(value)] = _maybe(check_fn, value, workdir, loaded.source.parent)
+        return checked[kind, str(value)]
+
+    return RankSpec(
+        function=check("function", exp.entrypoint.function),
+        script=check("script", exp.entrypoint.script),
+        args=tuple(exp.entrypoint.args),
+        workdir=str(workdir),
+        run_dir=str(run_dir),
+        checkpoint_dir=str(run_dir / CHECKPOINTS) if exp.checkpoint.dir is None else exp.checkpoint.dir,
+        config=loaded.resolved,
+        dist=exp.dist,
+        preflight=exp.preflight,
+        env=rank_env(exp),
+        fabric_profile=exp.fabric.profile,
+        stop_signals=stop_signals(exp),
+        executor=executor,
+    )
+
+
+def _check_shared(ranks: tuple[RankSpec, ...]) -> None:
+    """Sweep elements must not share a checkpoint directory or a fixed port."""
+    checkpoints: dict[str, int] = {}
+    ports: dict[int, int] = {}
+    for position, rank in enumerate(ranks):
+        if rank.checkpoint_dir in checkpoints:
+            raise ConfigError(
+                f"checkpoint.dir: sweep elements {checkpoints[rank.checkpoint_dir]} and {position} would "
+                f"share {rank.checkpoint_dir} and resume from each other's checkpoints; leave "
+                "checkpoint.dir unset (each element gets RUN_DIR/checkpoints) or vary it in the sweep"
+            )
+        checkpoints[rank.checkpoint_dir] = position
+        port = rank.dist.port
+        if port is not None and port in ports:
+            raise ConfigError(
+                f"dist.port: sweep elements {ports[port]} and {position} both use port {port} "
+                "and collide when Slurm puts them on one node; leave dist.port unset (each element's "
+                "port then follows its own job id)"
+            )
+        if port is not None:
+            ports[port] = position
+
+
+def _maybe(
+    check: Callable[[str, Path, Path], str], value: str | None, workdir: Path, exp_dir: Path
+) -> str | None:
+    return None if value is None else check(value, workdir, exp_dir)
+
+
+def rank_env(exp: Experiment) -> dict[str, str]:
+    """Variables every rank gets besides the rank variables; the user's fabric.env wins."""
+    # Without a thread cap each rank's intra-op pool takes every core of the node, and N ranks on
+    # a node then oversubscribe it N times over.
+    env = {"OMP_NUM_THREADS": str(exp.resources.cpus_per_task)}
+    env.update(exp.fabric.env)
+    return env
+
+
+def stop_signals(exp: Experiment) -> tuple[str, ...]:
+    """The configured stop signal, and SIGTERM for clusters that preempt with it."""
+    return tuple(dict.fromkeys((exp.requeue.signal, ALWAYS_STOP_ON)))
+
+
+def slurm_parameters(
+    exp: Experiment, run_dir: Path, interpreter: str, submission: int | None = None
+) -> dict[str, Any]:
+    res = exp.resources
+    submission_args = "" if submission is None else f" --submission {submission}"
+    params: dict[str, Any] = {
+        "job_name": exp.name,
+        "nodes": res.nodes,
+        "ntasks_per_node": res.ranks_per_node,
+        "cpus_per_task": res.cpus_per_task,
+        "time": minutes_ceil(parse_time(res.time)),
+        # launcher mpi: srun's MPI plugin is what lets MPI_Init in each task find its peers.
+        "srun_args": [*SRUN_ARGS, *([f"--mpi={exp.dist.srun_mpi}"] if exp.dist.launcher == "mpi" else [])],
+        "signal_delay_s": exp.requeue.signal_lead_s,
+        "setup": render_template(
+            "setup.sh.j2",
+            stop_signals=",".join(stop_signals(exp)),
+            python=interpreter,
+            run_dir=run_dir,
+            user_setup=res.setup,
+            submission_args=submission_args,
+        ).splitlines(),
+        "teardown": render_template(
+            "teardown.sh.j2", python=interpreter, run_dir=run_dir, submission_args=submission_args
+        ).splitlines(),
+        # --signal=SIG@LEAD reaches the step's tasks only (B: would send it to the batch shell).
+        # --requeue: allowed to requeue even where the cluster's JobRequeue default is 0.
+        "additional_parameters": {
+            "signal": f"{exp.requeue.signal}@{exp.requeue.signal_lead_s}",
+            "requeue": True,
+        },
+    }
+    if res.gpus_per_node:
+        key = "gpus_per_task" if res.gpu_binding == "task" else "gpus_per_node"
+        params[key] = 1 if res.gpu_binding == "task" else res.gpus_per_node
+    if res.mem_gb is not None:
+        params["mem"] = (
+            f"{int(res.mem_gb)}GB" if res.mem_gb == int(res.mem_gb) else f"{int(res.mem_gb * 1024)}MB"
+        )
+    for key in ("partition", "account", "qos", "constraint", "exclude", "comment"):
+        value = getattr(res, key)
+        if value is not None:
+            params[key] = value
+    params["additional_parameters"].update(res.sbatch)
+    return params
+
+
+def local_parameters(exp: Experiment) -> dict[str, Any]:
+    return {
+        "tasks_per_node": exp.resources.world_size,
+        "timeout_min": minutes_ceil(parse_time(exp.resources.time)),
+        "gpus_per_node": 0,
+        "signal_delay_s": exp.requeue.signal_lead_s,
+    }
+
+
+def slurm_notes(exp: Experiment) -> tuple[str, ...]:
+    if (
+        exp.entrypoint.script is not None
+        and exp.resources.gpu_binding == "task"
+        and exp.resources.gpus_per_node
+    ):
+        return (
+            "gpu_binding=task: each task sees only its own GPU, so the script must use cuda:0 "
+            "(or $SLURMDDP_DEVICE), not cuda:$LOCAL_RANK",
+        )
+    return ()
+
+
+def local_notes(exp: Experiment) -> tuple[str, ...]:
+    res = exp.resources
+    notes = [f"running {res.world_size} ranks on this machine with gloo (no Slurm)"]
+    if res.gpus_per_node:
+        notes.append("resources.gpus_per_node is ignored by the local executor: ranks run on the CPU")
+    if res.setup:
+        notes.append("resources.setup lines are for Slurm batch scripts; the local executor skips them")
+    return tuple(notes)
+
+
+def task_env(plan: SubmissionPlan, rank: int, job_id: int) -> dict[str, str]:
+    """What Slurm (or submitit's local executor) sets for task `rank` of this plan as job `job_id`
+    on nodes node[1-N]: what dryrun derives a rank's environment from."""
+    per_node = plan.world_size // max(1, plan.parameters.get("nodes", 1))
+    nodes = plan.world_size // per_node
+    if plan.executor == "local":
+        fake = {
+            "SUBMITIT_EXECUTOR": "local",
+            "SUBMITIT_LOCAL_NTASKS": str(plan.world_size),
+            "SUBMITIT_LOCAL_GLOBALID": str(rank),
+            "SUBMITIT_LOCAL_LOCALID": str(rank),
+            "SUBMITIT_LOCAL_JOB_ID": str(job_id),
+        }
+    else:
+        fake = {
+            "SLURM_JOB_ID": str(job_id),
+            "SLURM_PROCID": str(rank),
+            "SLURM_LOCALID": str(rank % per_node),
+            "SLURM_NODEID": str(rank // per_node),
+            "SLURM_NTASKS": str(plan.world_size),
+            "SLURM_JOB_NODELIST": f"node[1-{nodes}]" if nodes > 1 else "node1",
+            "SLURM_TASKS_PER_NODE": f"{per_node}(x{nodes})",
+        }
+        gpus = plan.parameters.get("gpus_per_node", 0)
+        if plan.parameters.get("gpus_per_task"):
+            fake["SLURM_GPUS_PER_TASK"] = "1"
+            fake["CUDA_VISIBLE_DEVICES"] = "0"
+        elif gpus:
+            fake["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in range(gpus))
+    return fake
+
+
+def command(plan: SubmissionPlan) -> str:
+    """The command each task runs, as submitit builds it."""
+    return " ".join([plan.python, "-u -m submitit.core._submit", shlex.quote(str(plan.folder))])

@@ -1,0 +1,48 @@
+"""The batch script: slurmddp's setup and teardown lines (Jinja templates beside this module) and
+the whole script as submitit writes it."""
+
+from __future__ import annotations
+
+import shlex
+from typing import Any
+
+import jinja2
+from submitit.slurm.slurm import _make_sbatch_string
+
+from slurmddp.defaults import EXIT_FINISHED, STOP_SIGNALS_ENV
+
+BOOT_MODULE = "slurmddp.job.boot"
+"""What each task runs first (`python -u -m BOOT_MODULE -u -m submitit.core._submit FOLDER`)."""
+ATTEMPTS_MODULE = "slurmddp.job.attempts"
+"""What the batch script runs before and after srun to record the attempt and requeue it."""
+
+
+def render_template(template: str, **values: Any) -> str:
+    """Render one of the templates; `| q` shell-quotes a value. The constants the script shares
+    with Python (module names, the exit status of a finished run) are passed in from here."""
+    environment = jinja2.Environment(
+        loader=jinja2.PackageLoader("slurmddp.submit", "templates"),
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=False,
+        autoescape=False,
+    )
+    environment.filters["q"] = lambda value: shlex.quote(str(value))
+    return environment.get_template(template).render(
+        attempts_module=ATTEMPTS_MODULE,
+        exit_finished=EXIT_FINISHED,
+        stop_signals_env=STOP_SIGNALS_ENV,
+        **values,
+    )
+
+
+def sbatch_script(command: str, folder: Any, parameters: dict[str, Any], array_size: int) -> str:
+    """The batch script submitit writes for these executor parameters, byte for byte."""
+    # submitit's own renderer (module-level, underscore-named): rendering it ourselves would drift
+    # from what submitit submits; the cluster tests compare it with a submitted script.
+    parameters = dict(parameters)
+    if array_size > 1:
+        # submitit adds this itself when it submits a batch of more than one job as an array.
+        parameters["map_count"] = array_size
+    return str(_make_sbatch_string(command=command, folder=folder, **parameters))

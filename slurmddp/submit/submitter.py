@@ -1,0 +1,208 @@
+"""SubmissionPlan -> a job: the only module that hands work to submitit and creates run directories.
+
+It does not remember submissions in the user's index (`manage.index`): the commands that submit
+do, so that submitting needs nothing from the login-node side that reads runs back."""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import io
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import submitit
+from submitit.core.utils import FailedJobError
+
+from slurmddp import yamlio
+from slurmddp.cluster import slurm
+from slurmddp.errors import SubmitError
+from slurmddp.experiment.load import Loaded, SweepElement
+from slurmddp.files import write_atomic, write_json
+from slurmddp.job.spec import Rank
+from slurmddp.layout import CONFIG, MANIFEST, SWEEP
+from slurmddp.submit.plan import SubmissionPlan
+
+
+@dataclass(frozen=True)
+class Submission:
+    plan: SubmissionPlan
+    job: Any
+    """The submitit job (SlurmJob or LocalJob)."""
+    manifest: dict[str, Any]
+
+    @property
+    def job_id(self) -> str:
+        return str(self.job.job_id)
+
+    def log_path(self, task: int, stream: str = "out") -> Path:
+        return self.plan.folder / f"{self.job_id}_{task}_log.{stream}"
+
+
+def check_schedulable(plan: SubmissionPlan) -> None:
+    """Ask Slurm whether it could ever run the job, before submitting it.
+
+    Slurm 22.05 (without EnforcePartLimits) accepts a job that asks for more nodes, CPUs or GPUs
+    than its partition has, and leaves it pending forever with reason PartitionConfig; `sbatch
+    --test-only` refuses it in ~10 ms and says why.
+    """
+    said = slurm.test_only(plan.batch_script())
+    if said is not None:
+        raise SubmitError(f"sbatch refused the job; nothing was submitted. sbatch said:\n{said}{_hint(said)}")
+
+
+def _hint(said: str) -> str:
+    # Seen on 22.05.8: slurmctld logs "MaxJobCount limit from slurm.conf reached" and sbatch only
+    # says this. Ended jobs (each task of a cancelled array) count until MinJobAge has passed.
+    if "Resource temporarily unavailable" in said:
+        return (
+            "\nslurmctld is busy or holds MaxJobCount jobs (ended ones count until MinJobAge has "
+            "passed); retry in a minute, or ask the admins which limit was hit"
+        )
+    return ""
+
+
+def submit(plan: SubmissionPlan, loaded: Loaded, argv: list[str]) -> Submission:
+    """Create the run directory, submit, record the manifest; on refusal leave nothing behind."""
+    if plan.executor == "slurm":
+        check_schedulable(plan)
+    plan.run_dir.mkdir(parents=True, exist_ok=False)
+    try:
+        write_atomic(plan.run_dir / CONFIG, yamlio.dump(loaded.resolved))
+        executor = _executor(plan)
+        stderr = io.StringIO()
+        # submitit prints sbatch's stderr itself before raising; it is shown once, in our error.
+        with contextlib.redirect_stderr(stderr):
+            job = executor.submit(Rank(plan.rank))
+    except FailedJobError as exc:
+        shutil.rmtree(plan.run_dir, ignore_errors=True)
+        said = str(exc)
+        raise SubmitError(
+            f"sbatch refused the job; nothing was submitted. sbatch said:\n{said}{_hint(said)}"
+        ) from None
+    except BaseException:
+        shutil.rmtree(plan.run_dir, ignore_errors=True)
+        raise
+    manifest = {**_described(plan, loaded, argv), "job_id": str(job.job_id)}
+    write_json(plan.run_dir / MANIFEST, manifest)
+    return Submission(plan=plan, job=job, manifest=manifest)
+
+
+def check_array_size(count: int, limit: int | None) -> None:
+    """Refuse a sweep larger than the cluster's MaxArraySize, before anything is submitted."""
+    if limit is not None and count > limit:
+        raise SubmitError(
+            f"the sweep has {count} elements but this cluster's MaxArraySize is {limit} (array task ids "
+            f"0-{limit - 1}); nothing was submitted. Split the sweep (for example with fewer "
+            "sweep.random.trials or fewer grid values) or ask the admins to raise MaxArraySize"
+        )
+
+
+def submit_sweep(plan: SubmissionPlan, loaded: Loaded, elements: list[SweepElement], argv: list[str]) -> str:
+    """Create the sweep directory and every element's, submit one array, record the manifest;
+    returns the array job id. On refusal nothing is left behind."""
+    check_array_size(len(elements), slurm.max_array_size())
+    check_schedulable(plan)
+    sweep_dir = plan.run_dir
+    sweep_dir.mkdir(parents=True, exist_ok=False)
+    try:
+        manifest = sweep_manifest(plan, loaded, elements, argv)
+        for element in elements:
+            # Plain writes: a thousand fsyncs would dominate the submit; the manifest, written
+            # durably after them, is what makes the sweep exist.
+            (sweep_dir / element.dir_name).mkdir()
+            (sweep_dir / element.dir_name / CONFIG).write_text(yamlio.dump(element.loaded.resolved))
+        job_id = submit_array(plan, manifest, [e.index for e in elements])
+    except BaseException:
+        shutil.rmtree(sweep_dir, ignore_errors=True)
+        raise
+    return job_id
+
+
+def sweep_manifest(
+    plan: SubmissionPlan, loaded: Loaded, elements: list[SweepElement], argv: list[str]
+) -> dict[str, Any]:
+    """SWEEP_DIR/sweep.json's content before any submission; writes the base config beside it."""
+    assert loaded.sweep is not None
+    write_atomic(plan.run_dir / CONFIG, yamlio.dump(loaded.resolved))
+    return {
+        **_described(plan, loaded, argv),
+        "kind": "sweep",
+        "max_parallel": loaded.sweep.max_parallel,
+        "metric": loaded.sweep.metric,
+        "mode": loaded.sweep.mode,
+        "keys": list(loaded.sweep.keys),
+        "elements": [{"index": e.index, "dir": e.dir_name, "overrides": e.overrides} for e in elements],
+        "submissions": [],
+    }
+
+
+def record_submission(sweep_dir: Path, manifest: dict[str, Any], sub: Submission, index: int) -> None:
+    """A local sweep runs its elements one after another, each as its own job."""
+    manifest["submissions"].append(
+        {"elements": [index], "job_id": sub.job_id, "submitted_at": time.time(), "logs": str(sub.plan.folder)}
+    )
+    write_json(sweep_dir / SWEEP, manifest)
+
+
+def submit_array(plan: SubmissionPlan, manifest: dict[str, Any], indices: list[int]) -> str:
+    """Submit `plan.array` (the elements `indices`, in order) as submission number N of the sweep.
+
+    The submission is recorded before sbatch: an array task may start before sbatch returns, and
+    its batch script looks up its element in the manifest.
+    """
+    sweep_dir = plan.run_dir
+    submission: dict[str, Any] = {
+        "elements": indices,
+        "job_id": None,
+        "submitted_at": time.time(),
+        "logs": str(plan.folder),
+    }
+    manifest["submissions"].append(submission)
+    write_json(sweep_dir / SWEEP, manifest)
+    executor = _executor(plan)
+    stderr = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(stderr), executor.batch():
+            jobs = [executor.submit(Rank(spec)) for spec in plan.array]
+    except FailedJobError as exc:
+        manifest["submissions"].pop()
+        write_json(sweep_dir / SWEEP, manifest)
+        said = str(exc)
+        raise SubmitError(
+            f"sbatch refused the sweep; nothing was submitted. sbatch said:\n{said}{_hint(said)}"
+        ) from None
+    # submitit names array tasks ARRAYID_TASK; a one-element batch is a plain job.
+    job_id = str(jobs[0].job_id).split("_")[0]
+    submission["job_id"] = job_id
+    write_json(sweep_dir / SWEEP, manifest)
+    return job_id
+
+
+def _described(plan: SubmissionPlan, loaded: Loaded, argv: list[str]) -> dict[str, Any]:
+    """What a run's or a sweep's manifest says of how it was submitted."""
+    return {
+        "name": plan.job_name,
+        "executor": plan.executor,
+        "submitted_at": dt.datetime.now().isoformat(timespec="seconds"),
+        "experiment": str(loaded.source.resolve()),
+        "overrides": list(loaded.overrides),
+        "argv": argv,
+        "workdir": plan.rank.workdir,
+        "run_dir": str(plan.run_dir),
+        "world_size": plan.world_size,
+        "logs": str(plan.folder),
+    }
+
+
+def _executor(plan: SubmissionPlan) -> Any:
+    executor: Any
+    if plan.executor == "slurm":
+        executor = submitit.SlurmExecutor(folder=plan.folder, python=plan.python)
+    else:
+        executor = submitit.LocalExecutor(folder=plan.folder, python=plan.python)
+    executor.update_parameters(**plan.parameters)
+    return executor
