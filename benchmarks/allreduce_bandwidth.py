@@ -63,7 +63,7 @@ def plain_bus_gbps(data: object, world: int) -> float:
     """What a user would measure: warm up once, then time a loop of all-reduces."""
     import torch.distributed as tdist
 
-    from slurmddp.preflight import bus_gbps
+    from slurmddp.job.preflight import bus_gbps
 
     tdist.all_reduce(data)  # type: ignore[arg-type]
     tdist.barrier()
@@ -81,10 +81,11 @@ def rank_side(args: argparse.Namespace) -> None:
     import torch
     import torch.distributed as tdist
 
-    from slurmddp import distenv, preflight
-    from slurmddp.config import Preflight
+    from slurmddp.experiment.schema import Preflight
+    from slurmddp.job import distenv, preflight
+    from slurmddp.layout import PREFLIGHT
 
-    dist = distenv.derive(os.environ)
+    dist = distenv.from_environment(os.environ)
     os.environ.update(distenv.rank_env(dist))
     tdist.init_process_group("gloo")
     host = socket.gethostname()
@@ -102,7 +103,7 @@ def rank_side(args: argparse.Namespace) -> None:
                 verdict = preflight.run(settings, dist, torch.device("cpu"), host, run_dir)
             finally:
                 sys.stdout = stdout
-        record = json.loads((run_dir / preflight.RESULT_FILE).read_text()) if dist.rank == 0 else {}
+        record = json.loads((run_dir / PREFLIGHT).read_text()) if dist.rank == 0 else {}
         rounds.append(
             {
                 "tcp_gbps": tcp,

@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from slurmddp.checkpoint import CheckpointStore, capture_rng_state
+from slurmddp.job.checkpoint import CheckpointStore, capture_rng_state
 
 
 def make_state() -> dict[str, Any]:

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from slurmddp.context import RunContext
+from slurmddp import RunContext
 
 
 def make_model(width: int, classes: int, seed: int) -> nn.Module:

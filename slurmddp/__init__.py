@@ -1,8 +1,54 @@
 """slurmddp: one-command multi-node PyTorch DDP on Slurm, resilient to preemption.
 
-Importing the package stays light (no torch): it runs on login nodes that may lack torch.
+What a training function imports comes from here: `RunContext` (what every rank is handed),
+`ResumableDistributedSampler`, and `StopForRequeue` (what `ctx.loop` raises once every rank saved
+after a stop signal). They are loaded on first use, so that importing the package stays light (no
+torch): the submit path runs on login nodes that may lack it.
+
+The package follows the flow of a submission; each sub-package is one side of it:
+
+    experiment/  the schema, loading and layering, the sweep spec, entrypoint checks
+    submit/      experiment -> SubmissionPlan (pure) -> submitit; the batch-script templates
+    job/         everything inside an allocation: boot, the rank spec and runtime, distenv, the MPI
+                 handshake, signals, loop, checkpoint, sampler, preflight, provenance, attempts
+    manage/      runs read back from their directories: status, logs, cancel, resubmit, results
+    cluster/     facts about Slurm and the machine: host lists, time syntax, fabric detection,
+                 and the one module that runs Slurm's commands
+    cli/         argument parsing and entry points (`doctor`, `dryrun`, the MPI launcher)
+    errors, files, yamlio, layout, defaults: leaf helpers
+
+Import rules (tests/test_architecture.py enforces them, imports inside functions included):
+- the leaf helpers import nothing of ours;
+- `cluster` imports only leaf helpers;
+- `job` never imports `submit`, `manage` or `cli`: a rank must not pull in login-node code;
+- `submit` takes only the small picklable spec from `job` (`job.spec`);
+- nothing imports `cli` (only `__main__` does), and `manage` never imports `cli`;
+- no cycles, between modules or between sub-packages.
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 __version__ = "0.1.0"
+__all__ = ["ResumableDistributedSampler", "RunContext", "StopForRequeue"]
+
+if TYPE_CHECKING:
+    from slurmddp.job.context import RunContext
+    from slurmddp.job.loop import StopForRequeue
+    from slurmddp.job.sampler import ResumableDistributedSampler
+
+_EXPORTS = {
+    "RunContext": "slurmddp.job.context",
+    "StopForRequeue": "slurmddp.job.loop",
+    "ResumableDistributedSampler": "slurmddp.job.sampler",
+}
+
+
+def __getattr__(name: str) -> Any:
+    # PEP 562: the sampler imports torch, which `import slurmddp` on a login node must not.
+    if name in _EXPORTS:
+        import importlib
+
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'slurmddp' has no attribute {name!r}")

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from slurmddp.context import RunContext
+from slurmddp import RunContext
 
 
 def main(ctx: RunContext) -> dict[str, float]:
@@ -19,7 +19,7 @@ def main(ctx: RunContext) -> dict[str, float]:
     # Resumes from the latest checkpoint; on preemption or near the time limit every rank saves at
     # the same step and the job requeues itself.
     for step in ctx.loop(cfg.steps, model=model, optimizer=optimizer):
-        # Make each step's data a function of `step` (or use slurmddp.sampler.ResumableDistributedSampler)
+        # Make each step's data a function of `step` (or use slurmddp.ResumableDistributedSampler)
         # so that a resumed run sees exactly the data the uninterrupted one would have.
         gen = torch.Generator().manual_seed(step * ctx.world_size + ctx.rank)
         inputs = torch.randn(cfg.batch_size, 32, generator=gen).to(ctx.device)
