@@ -21,7 +21,7 @@ Import rules (tests/test_architecture.py enforces them, imports inside functions
 - the leaf helpers import nothing of ours;
 - `cluster` imports only leaf helpers;
 - `job` never imports `submit`, `manage` or `cli`: a rank must not pull in login-node code;
-- `submit` takes only the small picklable spec from `job` (`job.spec`);
+- `submit` takes only the small picklable spec from `job` (`job.spec` and `job.rank`, its callable);
 - nothing imports `cli` (only `__main__` does), and `manage` never imports `cli`;
 - no cycles, between modules or between sub-packages.
 """

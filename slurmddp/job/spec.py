@@ -1,8 +1,8 @@
-"""What submitit pickles into the job: a RankSpec of plain values and the callable that runs it.
+"""What every rank is handed: a RankSpec of plain values, pickled into the job by submitit.
 
-This module stays light (no torch, no user code) because every task unpickles it first thing, and
-it is the one piece of `job` that the submit side may import. The user's code is named by a string
-and imported inside the rank, never pickled.
+This module stays light (no torch, no user code) because every task unpickles it first thing;
+with `job.rank` it is all of `job` that the submit side may import. The user's code is named by a
+string and imported inside the rank, never pickled.
 """
 
 from __future__ import annotations
@@ -38,17 +38,3 @@ class RankSpec:
     stop_signals: tuple[str, ...]
     executor: RunExecutor
     """How a stopped rank asks to be run again."""
-
-
-class Rank:
-    """The callable submitit runs in every task."""
-
-    def __init__(self, spec: RankSpec) -> None:
-        self.spec = spec
-
-    def __call__(self) -> Any:
-        # Imported here: unpickling this class on a task must not pull in torch, and the submit
-        # side that builds it must not import the runtime.
-        from slurmddp.job.runtime import run_rank
-
-        return run_rank(self.spec)

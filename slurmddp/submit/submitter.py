@@ -22,7 +22,7 @@ from slurmddp.cluster import slurm
 from slurmddp.errors import SubmitError
 from slurmddp.experiment.load import Loaded, SweepElement
 from slurmddp.files import write_atomic, write_json
-from slurmddp.job.spec import Rank
+from slurmddp.job.rank import Rank
 from slurmddp.layout import CONFIG, MANIFEST, SWEEP
 from slurmddp.submit.plan import SubmissionPlan
 

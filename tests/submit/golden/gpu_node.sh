@@ -1,0 +1,42 @@
+#!/bin/bash
+
+# Parameters
+#SBATCH --account=ml-team
+#SBATCH --cpus-per-task=12
+#SBATCH --error=RUN_DIR/logs/%j_0_log.err
+#SBATCH --exclude='gpu[07,12]'
+#SBATCH --gpus-per-node=8
+#SBATCH --job-name=gpu-node
+#SBATCH --mem=900GB
+#SBATCH --nodes=4
+#SBATCH --ntasks-per-node=8
+#SBATCH --open-mode=append
+#SBATCH --output=RUN_DIR/logs/%j_0_log.out
+#SBATCH --partition=gpu
+#SBATCH --qos=high
+#SBATCH --requeue
+#SBATCH --signal=USR1@300
+#SBATCH --time=1440
+#SBATCH --wckey=submitit
+
+# setup
+# slurmddp: the signals the ranks catch (acted on at the next step boundary, never fatal)
+export SLURMDDP_STOP_SIGNALS=USR1,TERM
+# Slurm sends SIGTERM to the batch shell too (time limit, preemption without
+# preempt_send_user_signal); surviving it lets the attempt record below run after srun returns.
+trap 'echo "slurmddp: batch script got SIGTERM" >&2' TERM
+PYTHON -m slurmddp.job.attempts begin RUN_DIR
+slurmddp_begin=$?
+# 3: the run already ended for good (completed or out of budget); anything else non-zero: broken.
+if [ "$slurmddp_begin" -eq 3 ]; then exit 0; elif [ "$slurmddp_begin" -ne 0 ]; then exit "$slurmddp_begin"; fi
+module load cuda/12.4
+
+# command
+export SUBMITIT_EXECUTOR=slurm
+srun --unbuffered --output RUN_DIR/logs/%j_%t_log.out --error RUN_DIR/logs/%j_%t_log.err --kill-on-bad-exit=1 PYTHON -u -m slurmddp.job.boot -u -m submitit.core._submit RUN_DIR/logs
+
+
+# teardown
+# slurmddp: record how the attempt ended; requeue it (preemption, time limit, failure in budget)
+slurmddp_status=$?
+PYTHON -m slurmddp.job.attempts end RUN_DIR "$slurmddp_status"

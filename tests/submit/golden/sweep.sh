@@ -1,0 +1,36 @@
+#!/bin/bash
+
+# Parameters
+#SBATCH --array=0-5%2
+#SBATCH --cpus-per-task=1
+#SBATCH --error=RUN_DIR/logs/%A_%a_0_log.err
+#SBATCH --job-name=sweep
+#SBATCH --nodes=1
+#SBATCH --ntasks-per-node=2
+#SBATCH --open-mode=append
+#SBATCH --output=RUN_DIR/logs/%A_%a_0_log.out
+#SBATCH --requeue
+#SBATCH --signal=USR2@120
+#SBATCH --time=10
+#SBATCH --wckey=submitit
+
+# setup
+# slurmddp: the signals the ranks catch (acted on at the next step boundary, never fatal)
+export SLURMDDP_STOP_SIGNALS=USR2,TERM
+# Slurm sends SIGTERM to the batch shell too (time limit, preemption without
+# preempt_send_user_signal); surviving it lets the attempt record below run after srun returns.
+trap 'echo "slurmddp: batch script got SIGTERM" >&2' TERM
+PYTHON -m slurmddp.job.attempts begin RUN_DIR --submission 0
+slurmddp_begin=$?
+# 3: the run already ended for good (completed or out of budget); anything else non-zero: broken.
+if [ "$slurmddp_begin" -eq 3 ]; then exit 0; elif [ "$slurmddp_begin" -ne 0 ]; then exit "$slurmddp_begin"; fi
+
+# command
+export SUBMITIT_EXECUTOR=slurm
+srun --unbuffered --output RUN_DIR/logs/%A_%a_%t_log.out --error RUN_DIR/logs/%A_%a_%t_log.err --kill-on-bad-exit=1 PYTHON -u -m slurmddp.job.boot -u -m submitit.core._submit RUN_DIR/logs
+
+
+# teardown
+# slurmddp: record how the attempt ended; requeue it (preemption, time limit, failure in budget)
+slurmddp_status=$?
+PYTHON -m slurmddp.job.attempts end RUN_DIR "$slurmddp_status" --submission 0
