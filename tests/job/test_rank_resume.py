@@ -1,0 +1,91 @@
+"""A rank run by the runtime as Slurm would start it (one task, a fake Slurm environment), stopped
+by USR2 mid-run and started again as the requeued attempt: it must end on exactly the weights of
+an uninterrupted run. On the CPU with gloo always; on a GPU with NCCL, cuda:0, CUDA's RNG in the
+checkpoint and bf16 autocast where one is present (skipped otherwise)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from resume_train import STOP_AT_ENV
+
+TRAIN = Path(__file__).resolve().parent / "resume_train.py"
+DRIVER = """
+import json, sys
+from pathlib import Path
+from slurmddp.experiment.schema import Dist, Preflight
+from slurmddp.job.runtime import run_rank
+from slurmddp.job.spec import RankSpec
+
+run_dir = Path(sys.argv[1])
+spec = RankSpec(
+    function=sys.argv[2], script=None, args=(), workdir=str(run_dir), run_dir=str(run_dir),
+    checkpoint_dir=str(run_dir / "checkpoints"),
+    config={"checkpoint": {"keep_last": 2, "async_save": False, "every_steps": 0, "every_minutes": 0}},
+    dist=Dist(timeout_s=120), preflight=Preflight(), env={}, fabric_profile="auto",
+    stop_signals=("USR2", "TERM"), executor="slurm",
+)
+print("RESULT " + json.dumps(run_rank(spec)), flush=True)
+"""
+
+
+def attempt(run_dir: Path, job_id: int, restart: int, cuda: bool, stop_at: int = -1) -> dict[str, object]:
+    env = {
+        **os.environ,
+        "SLURM_JOB_ID": str(job_id),
+        "SLURM_RESTART_COUNT": str(restart),
+        "SLURM_PROCID": "0",
+        "SLURM_LOCALID": "0",
+        "SLURM_NODEID": "0",
+        "SLURM_NTASKS": "1",
+        "SLURM_JOB_NODELIST": "localhost",
+        "SLURM_TASKS_PER_NODE": "1",
+        STOP_AT_ENV: str(stop_at),
+        # Deterministic cuBLAS, so that two runs of the same steps agree bit for bit.
+        "CUBLAS_WORKSPACE_CONFIG": ":4096:8",
+    }
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    if cuda:
+        env["CUDA_VISIBLE_DEVICES"] = "0"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    proc = subprocess.run(
+        [sys.executable, "-c", DRIVER, str(run_dir), f"{TRAIN}:train"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    line = next(line for line in proc.stdout.splitlines() if line.startswith("RESULT "))
+    result: dict[str, object] = json.loads(line.removeprefix("RESULT "))
+    return result
+
+
+@pytest.mark.parametrize(
+    "cuda",
+    [
+        False,
+        pytest.param(
+            True, marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+        ),
+    ],
+    ids=["cpu-gloo", "cuda-nccl"],
+)
+def test_a_stopped_rank_resumes_onto_the_uninterrupted_weights(tmp_path: Path, cuda: bool) -> None:
+    whole = attempt(tmp_path / "whole", 101, 0, cuda)
+    assert whole["device"] == ("cuda:0" if cuda else "cpu")
+    stopped = attempt(tmp_path / "stopped", 202, 0, cuda, stop_at=11)
+    # The signal lands during step 11; every rank agrees at the next boundary and saves there.
+    assert stopped == {"stopped_at": 13}
+    stop = json.loads((tmp_path / "stopped" / "stop.json").read_text())
+    assert stop["signal"] == "SIGUSR2" and stop["step"] == 13
+    resumed = attempt(tmp_path / "stopped", 202, 1, cuda)
+    assert resumed["digest"] == whole["digest"] and resumed["loss"] == whole["loss"]
+    assert resumed["device"] == whole["device"]
