@@ -1,20 +1,28 @@
-"""Shared fixtures. The real Slurm cluster (tests/slurm_lab) is started lazily, once per session,
-by the first test that asks for `slurm_env`, and stopped at the end of the session.
+"""Shared fixtures and helpers. The real Slurm cluster (tests/slurm_lab) is started lazily, once per
+session, by the first test that asks for `slurm_env`, and stopped at the end of the session.
 
 Tests that use it are marked `@pytest.mark.slurm`; a test that requests `slurm_env` gets the marker
 automatically, so `pytest -m "not slurm"` runs everything that needs no cluster.
+
+This file applies to every folder under tests/, and the helpers below are imported by name
+(`from conftest import wait_for_job`): pyproject's `pythonpath = ["tests"]` puts this folder on
+sys.path.
 """
 
 from __future__ import annotations
 
 import os
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import pytest
 
+ROOT = Path(__file__).resolve().parents[1]
+"""The repository: examples/, configs/ and templates/ are read from there."""
+QUICKSTART = ROOT / "examples" / "quickstart.yaml"
 LAB_DIR = Path(__file__).resolve().parent / "slurm_lab"
 LAB_UP = LAB_DIR / "up"
 LAB_DOWN = LAB_DIR / "down"
@@ -161,3 +169,48 @@ def slurm_wait(slurm_env: dict[str, str]) -> Callable[..., str]:
         return wait_for_job(job_id, slurm_env, timeout=timeout)
 
     return wait
+
+
+def wait_until(what: str, check: Callable[[], bool], timeout: float = 180) -> None:
+    """Poll `check` until it is true; TimeoutError naming `what` after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise TimeoutError(what)
+        time.sleep(0.2)
+
+
+def slurmddp(
+    env: dict[str, str], cwd: Path, *args: str, timeout: float = 300
+) -> subprocess.CompletedProcess[str]:
+    """`python -m slurmddp ARGS...` in `cwd` with `env`, output captured."""
+    return subprocess.run(
+        [sys.executable, "-m", "slurmddp", *args],
+        env=env,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def run_dirs(out: Path) -> list[Path]:
+    """The run directories under output_dir `out` (OUT/NAME/STAMP/manifest.json)."""
+    return sorted(p.parent for p in out.glob("*/*/manifest.json"))
+
+
+def only_run(out: Path) -> Path:
+    dirs = run_dirs(out)
+    assert len(dirs) == 1, dirs
+    return dirs[0]
+
+
+def mpi_library_error() -> str | None:
+    """Why mpi4py cannot start MPI here, or None when it can."""
+    proc = subprocess.run(
+        [sys.executable, "-c", "from mpi4py import MPI; print(MPI.Get_library_version().splitlines()[0])"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    return None if proc.returncode == 0 else (proc.stderr.strip().splitlines() or ["no output"])[-1]

@@ -2,7 +2,7 @@
 
 slurmddp must agree with Slurm on which node is which (rank 0's node is MASTER_ADDR), so this is a
 port of the parser in Slurm's src/common/hostlist.c, quirks included, checked against
-`scontrol show hostnames` of Slurm 22.05.8 (Debian 12) by tests/test_hostlist.py. What that version
+`scontrol show hostnames` of Slurm 22.05.8 (Debian 12) by tests/cluster/test_hostlist.py. What that version
 does, surprising parts included:
 
 - Names are separated by ',', ' ' or TAB; empty names vanish (`,a,,b,` is `a b`). A newline is

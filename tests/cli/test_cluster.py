@@ -3,17 +3,14 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-from test_nccl import build_dgx_h100
+from conftest import QUICKSTART, ROOT, only_run, run_dirs, slurmddp
+from fake_sysfs import build_dgx_h100
 
-ROOT = Path(__file__).resolve().parents[1]
-QUICKSTART = ROOT / "examples" / "quickstart.yaml"
 TORCHRUN = ROOT / "examples" / "torchrun_script.yaml"
 STEPS = "train.steps=60"
 # In float64 the only difference between 4 ranks and 1 process, the order of the gradient sums,
@@ -21,29 +18,6 @@ STEPS = "train.steps=60"
 FLOAT64 = "train.dtype=float64"
 
 pytestmark = pytest.mark.slurm
-
-
-def slurmddp(
-    env: dict[str, str], cwd: Path, *args: str, timeout: float = 300
-) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "slurmddp", *args],
-        env=env,
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-
-
-def run_dirs(out: Path) -> list[Path]:
-    return sorted(p.parent for p in out.glob("*/*/manifest.json"))
-
-
-def only_run(out: Path) -> Path:
-    dirs = run_dirs(out)
-    assert len(dirs) == 1, dirs
-    return dirs[0]
 
 
 def job_ranks(run_dir: Path, name: str = "ranks.json") -> list[dict[str, Any]]:

@@ -3,32 +3,12 @@
 from __future__ import annotations
 
 import io
-import subprocess
 
-from slurmddp import doctor
+from slurm_samples import LAB
 
-# Excerpt of `scontrol show config` on Slurm 22.05.8 (the lab cluster), with its header and the
-# trailing cgroup section and status line.
-LAB = """\
-Configuration data as of 2026-11-22T04:17:56
-AccountingStorageHost   = 10.200.0.1
-AccountingStorageType   = accounting_storage/slurmdbd
-ClusterName             = slurmddp
-JobRequeue              = 1
-KillWait                = 10 sec
-MaxArraySize            = 1001
-MpiDefault              = none
-PreemptMode             = REQUEUE
-PreemptType             = preempt/partition_prio
-PreemptExemptTime       = 00:00:00
-SlurmctldParameters     = preempt_send_user_signal
-SLURM_VERSION           = 22.05.8
-
-Cgroup Support Configuration:
-AllowedRAMSpace         = 100.0%
-
-Slurmctld(primary) at vm is UP
-"""
+from slurmddp.cli import doctor
+from slurmddp.cluster.slurm import TOOLS, parse_config
+from slurmddp.errors import SlurmCommandError
 
 
 def by_name(checks: list[doctor.Check]) -> dict[str, doctor.Check]:
@@ -36,22 +16,13 @@ def by_name(checks: list[doctor.Check]) -> dict[str, doctor.Check]:
 
 
 def config(**changes: str) -> dict[str, str]:
-    parsed = doctor.parse_config(LAB)
+    parsed = parse_config(LAB)
     parsed.update(changes)
     return parsed
 
 
-def test_parse_keeps_keys_and_values_and_skips_other_lines() -> None:
-    parsed = doctor.parse_config(LAB)
-    assert parsed["SlurmctldParameters"] == "preempt_send_user_signal"
-    assert parsed["KillWait"] == "10 sec" and parsed["SLURM_VERSION"] == "22.05.8"
-    assert parsed["AllowedRAMSpace"] == "100.0%"
-    assert not any(" " in key for key in parsed)
-    assert "Configuration data as of 2026-11-22T04:17:56" not in parsed
-
-
 def test_the_lab_is_all_ok() -> None:
-    checks = doctor.check_config(doctor.parse_config(LAB))
+    checks = doctor.check_config(parse_config(LAB))
     assert {check.status for check in checks} == {doctor.OK}
     names = [check.name for check in checks]
     assert names == [
@@ -103,7 +74,7 @@ def test_requeue_arrays_and_accounting() -> None:
 
 
 def test_missing_tools_fail_and_the_exit_says_so() -> None:
-    found = {tool: f"/usr/bin/{tool}" for tool in doctor.TOOLS if tool != "sacct"}
+    found = {tool: f"/usr/bin/{tool}" for tool in TOOLS if tool != "sacct"}
     checks = doctor.check_tools(found)
     assert [c.status for c in checks] == [doctor.OK, doctor.OK, doctor.FAIL, doctor.OK, doctor.OK]
     assert doctor.failed(checks)
@@ -113,12 +84,11 @@ def test_examine_prints_every_check_from_a_fake_cluster() -> None:
     def which(tool: str) -> str | None:
         return f"/opt/slurm/bin/{tool}"
 
-    def run(command: list[str]) -> subprocess.CompletedProcess[str]:
-        assert command == ["scontrol", "show", "config"]
-        return subprocess.CompletedProcess(command, 0, LAB.replace("= REQUEUE", "= CANCEL"), "")
+    def show_config() -> str:
+        return LAB.replace("= REQUEUE", "= CANCEL")
 
     out = io.StringIO()
-    checks = doctor.examine(out, which=which, run=run)
+    checks = doctor.examine(out, which=which, show_config=show_config)
     text = out.getvalue()
     assert text.startswith("slurmddp doctor: Slurm 22.05.8, cluster slurmddp\n")
     assert "  WARN  PreemptMode/PreemptType" in text and "/opt/slurm/bin/sacct" in text
@@ -126,10 +96,10 @@ def test_examine_prints_every_check_from_a_fake_cluster() -> None:
 
 
 def test_an_unreachable_controller_fails() -> None:
-    def run(command: list[str]) -> subprocess.CompletedProcess[str]:
-        return subprocess.CompletedProcess(
-            command, 1, "", "slurm_load_ctl_conf error: Unable to contact slurm controller"
+    def show_config() -> str:
+        raise SlurmCommandError(
+            "scontrol show config: slurm_load_ctl_conf error: Unable to contact slurm controller"
         )
 
-    checks = doctor.examine(io.StringIO(), which=lambda tool: tool, run=run)
+    checks = doctor.examine(io.StringIO(), which=lambda tool: tool, show_config=show_config)
     assert doctor.failed(checks) and "Unable to contact" in checks[-1].value

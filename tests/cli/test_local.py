@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from conftest import ROOT
 
 
 def submit(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:

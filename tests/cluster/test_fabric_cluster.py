@@ -8,10 +8,9 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import wait_for_job
-from test_cluster import QUICKSTART, only_run, slurmddp
+from conftest import QUICKSTART, mpi_library_error, only_run, slurmddp, wait_for_job
 
-from slurmddp import attempts
+from slurmddp.job import attempts
 
 pytestmark = pytest.mark.slurm
 DIST_TIMEOUT_S = 300
@@ -130,8 +129,6 @@ def test_doctor_probe_sees_the_stop_signal_on_every_rank(slurm_env: dict[str, st
 
 
 def test_mpi_launcher_on_slurm_runs_ddp_across_two_nodes(slurm_env: dict[str, str], tmp_path: Path) -> None:
-    from test_mpi import mpi_library_error
-
     listed = subprocess.run(["srun", "--mpi=list"], env=slurm_env, capture_output=True, text=True)
     plugins = listed.stdout + listed.stderr  # Slurm 22.05 prints the list on stderr
     if "pmi2" not in plugins.split():

@@ -1,4 +1,4 @@
-"""slurmddp.hostlist against hand-picked answers, and against the real `scontrol show hostnames`.
+"""slurmddp.cluster.hostlist against hand-picked answers, and against the real `scontrol show hostnames`.
 
 The expected answers below were taken from scontrol of Slurm 22.05.8 (Debian 12). The comparison
 test replays them, plus a seeded random corpus, through the installed scontrol; it needs no
@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from slurmddp.cluster.hostlist import MAX_HOSTS, expand
 from slurmddp.errors import HostlistError, SlurmddpError
-from slurmddp.hostlist import MAX_HOSTS, expand
 
 VALID: list[tuple[str, list[str]]] = [
     ("n1", ["n1"]),
@@ -157,7 +157,7 @@ def test_more_than_262144_ranges_in_a_bracket_is_fatal_in_slurm() -> None:
 
 
 def test_dropped_names_are_logged(caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.WARNING, logger="slurmddp.hostlist"):
+    with caplog.at_level(logging.WARNING, logger="slurmddp.cluster.hostlist"):
         assert expand("ok,a[x]b[1-2]c[1]") == ["ok"]
     assert "drops 2 group(s) of names" in caplog.text
     assert "range 'x' contains 'x'" in caplog.text

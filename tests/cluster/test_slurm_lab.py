@@ -10,10 +10,10 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import pytest
+from conftest import LAB_UP
 
 pytestmark = pytest.mark.slurm
 
-LAB_UP = Path(__file__).resolve().parent / "slurm_lab" / "up"
 NODES = ("node1", "node2", "node3")
 
 

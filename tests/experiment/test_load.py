@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from slurmddp.config import load_experiment
 from slurmddp.errors import ConfigError
+from slurmddp.experiment.load import load_experiment
 
 BASE = """\
 entrypoint: pkg.train:main

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import json
+import subprocess
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
 
-from slurmddp import attempts
+from slurmddp.cluster import slurm
+from slurmddp.defaults import EXIT_FINISHED
+from slurmddp.job import attempts
 
 ENV = {"SLURM_JOB_ID": "77", "SLURM_RESTART_COUNT": "0", "SLURM_JOB_NODELIST": "node[1-2]"}
 
@@ -25,7 +29,7 @@ def attempt(
     stop: bool = False,
     failure_step: int | None = None,
     status: int = 0,
-    preempt: str = "None",
+    preempt: str | None = None,
 ) -> int:
     env = {**ENV, "SLURM_RESTART_COUNT": str(restart)}
     me = {"job_id": "77", "restart_count": restart}
@@ -34,23 +38,19 @@ def attempt(
         (path / "stop.json").write_text(json.dumps({"step": 10 * (restart + 1), **me}))
     if failure_step is not None:
         (path / "failure.json").write_text(json.dumps({"step": failure_step, **me}))
-    return attempts.end(path, status, env, now=1001.0 + restart, squeue=lambda job: preempt)
+    return attempts.end(path, status, env, now=1001.0 + restart, preempt_time=lambda job: preempt)
 
 
 @pytest.fixture(autouse=True)
 def no_scontrol(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
+    """The Slurm commands the requeue decision runs (scontrol requeue), recorded instead of run."""
     calls: list[list[str]] = []
 
-    def fake_run(cmd: list[str], **kwargs: object) -> object:
-        calls.append(cmd)
+    def fake_run(args: Sequence[str], stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+        calls.append(list(args))
+        return subprocess.CompletedProcess(list(args), 0, "", "")
 
-        class Done:
-            returncode = 0
-            stderr = ""
-
-        return Done()
-
-    monkeypatch.setattr(attempts.subprocess, "run", fake_run)
+    monkeypatch.setattr(slurm, "run", fake_run)
     return calls
 
 
@@ -63,7 +63,7 @@ def test_completed_is_final(tmp_path: Path, no_scontrol: list[list[str]]) -> Non
     assert attempt(path, 0) == 0
     assert ends(path)[-1]["reason"] == "completed" and ends(path)[-1]["final"] is True
     assert no_scontrol == []
-    assert attempts.begin(path, ENV, now=2000.0) == attempts.EXIT_FINISHED
+    assert attempts.begin(path, ENV, now=2000.0) == EXIT_FINISHED
 
 
 def test_preemption_is_told_by_preempt_time_not_elapsed_time(
@@ -72,7 +72,7 @@ def test_preemption_is_told_by_preempt_time_not_elapsed_time(
     path = run_dir(tmp_path, max_timeouts=1)
     attempt(path, 0, stop=True, preempt="2026-11-22T01:00:00")
     attempt(path, 1, stop=True, preempt="2026-11-22T01:01:00")
-    attempt(path, 2, stop=True, preempt="None")
+    attempt(path, 2, stop=True, preempt=None)
     reasons = [(r["reason"], r["requeue"], r["step"]) for r in ends(path)]
     assert reasons == [("preemption", True, 10), ("preemption", True, 20), ("timeout", True, 30)]
     assert no_scontrol == [["scontrol", "requeue", "77"]] * 3
@@ -99,7 +99,7 @@ def test_interrupt_names_the_reason(tmp_path: Path) -> None:
     (path / "interrupt.json").write_text(
         json.dumps({"reason": "preemption", "job_id": "77", "restart_count": 0})
     )
-    attempt(path, 0, stop=True, preempt="None")
+    attempt(path, 0, stop=True, preempt=None)
     assert ends(path)[-1]["reason"] == "preemption"
 
 
@@ -107,7 +107,9 @@ def test_stale_records_of_an_earlier_attempt_are_ignored(tmp_path: Path) -> None
     path = run_dir(tmp_path)
     (path / "stop.json").write_text(json.dumps({"step": 5, "job_id": "77", "restart_count": 0}))
     attempts.begin(path, {**ENV, "SLURM_RESTART_COUNT": "1"}, now=1.0)
-    assert attempts.end(path, 0, {**ENV, "SLURM_RESTART_COUNT": "1"}, now=2.0, squeue=lambda j: "None") == 0
+    assert (
+        attempts.end(path, 0, {**ENV, "SLURM_RESTART_COUNT": "1"}, now=2.0, preempt_time=lambda j: None) == 0
+    )
     assert ends(path)[-1]["reason"] == "completed"
 
 
@@ -131,8 +133,8 @@ def test_the_batch_script_does_not_record_an_attempt_twice(
     path = run_dir(tmp_path)
     attempts.begin(path, ENV, now=1.0)
     (path / "stop.json").write_text(json.dumps({"step": 12, "job_id": "77", "restart_count": 0}))
-    assert attempts.end(path, 0, ENV, now=2.0, squeue=lambda j: "2026-01-01T00:00:00") == 0
-    assert attempts.end(path, 0, ENV, now=3.0, squeue=lambda j: "None") == 0
+    assert attempts.end(path, 0, ENV, now=2.0, preempt_time=lambda j: "2026-01-01T00:00:00") == 0
+    assert attempts.end(path, 0, ENV, now=3.0, preempt_time=lambda j: None) == 0
     assert [(r["reason"], r["step"]) for r in ends(path)] == [("preemption", 12)]
     assert no_scontrol == [["scontrol", "requeue", "77"]] * 2
 
@@ -144,7 +146,7 @@ def test_a_run_whose_ranks_all_returned_is_completed_whatever_srun_says(
     path = run_dir(tmp_path)
     assert attempts.begin(path, ENV, now=1000.0) == 0
     (path / "result.json").write_text(json.dumps({"job_id": "77", "restart_count": 0, "result": {}}))
-    assert attempts.end(path, 140, ENV, now=1001.0, squeue=lambda job: "None") == 0
+    assert attempts.end(path, 140, ENV, now=1001.0, preempt_time=lambda job: None) == 0
     assert ends(path)[-1]["reason"] == "completed" and no_scontrol == []
     # A result left by an earlier attempt does not count.
     (tmp_path / "later").mkdir()

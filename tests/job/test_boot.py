@@ -8,22 +8,24 @@ import subprocess
 import sys
 from pathlib import Path
 
+from slurmddp.defaults import STOP_SIGNALS_ENV
+
 
 def test_stop_signals_are_caught_during_the_run_and_ignored_at_exit(tmp_path: Path) -> None:
     (tmp_path / "work.py").write_text(
         "import atexit, os, signal\n"
         # During the run: a stop signal is recorded, not fatal.
         "os.kill(os.getpid(), signal.SIGUSR2)\n"
-        "from slurmddp import signals\n"
+        "from slurmddp.job import signals\n"
         "print('recorded', signals.name(signals.received()))\n"
         # atexit runs after boot has handed back: what a signal would meet while Python shuts down.
         "atexit.register(lambda: print('ignored at exit', [signal.getsignal(s) == signal.SIG_IGN "
         "for s in (signal.SIGUSR2, signal.SIGTERM)]))\n"
     )
     proc = subprocess.run(
-        [sys.executable, "-u", "-m", "slurmddp.boot", "-m", "work"],
+        [sys.executable, "-u", "-m", "slurmddp.job.boot", "-m", "work"],
         cwd=tmp_path,
-        env={**os.environ, "PYTHONPATH": str(tmp_path), "SLURMDDP_STOP_SIGNALS": "USR2,TERM"},
+        env={**os.environ, "PYTHONPATH": str(tmp_path), STOP_SIGNALS_ENV: "USR2,TERM"},
         capture_output=True,
         text=True,
         timeout=60,

@@ -20,10 +20,10 @@ import numpy as np
 import pytest
 import torch
 
-from slurmddp.checkpoint import (
+from slurmddp.errors import CheckpointError
+from slurmddp.job.checkpoint import (
     META_FILE,
     SHARED_FILE,
-    CheckpointError,
     CheckpointInfo,
     CheckpointStore,
     capture_rng_state,
@@ -309,7 +309,7 @@ def test_async_errors_come_back_from_wait(tmp_path: Path) -> None:
 def test_a_pending_async_save_is_finished_when_the_main_thread_ends(tmp_path: Path) -> None:
     # wait() is the contract, but a save left running must not be cut (nor fail) at exit.
     code = (
-        "import sys, torch; from pathlib import Path; from slurmddp.checkpoint import CheckpointStore\n"
+        "import sys, torch; from pathlib import Path; from slurmddp.job.checkpoint import CheckpointStore\n"
         "store = CheckpointStore(Path(sys.argv[1]), 0, 1, async_save=True, attempt='x')\n"
         "store.save(1, {'w': torch.ones(5_000_000)}, {})\n"
     )
@@ -373,7 +373,7 @@ def test_sigkill_at_random_moments_leaves_a_loadable_checkpoint(tmp_path: Path) 
     # forkserver with torch preloaded: each victim starts in ~0.1 s instead of a 3 s torch import,
     # and is a fresh fork of a process that never ran an OpenMP region (fork-safe).
     context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(["torch", "slurmddp.checkpoint"])
+    context.set_forkserver_preload(["torch", "slurmddp.job.checkpoint"])
     chooser = random.Random(20240611)
     newest = -1
     rewrites = 0

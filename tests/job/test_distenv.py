@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from slurmddp import distenv
 from slurmddp.errors import DistEnvError
+from slurmddp.job import distenv
 
 
 def slurm(procid: int, localid: int, nodeid: int, **extra: str) -> dict[str, str]:
@@ -23,7 +23,7 @@ def slurm(procid: int, localid: int, nodeid: int, **extra: str) -> dict[str, str
 
 
 def test_every_rank_variable_of_a_two_by_two_job() -> None:
-    dist = distenv.derive(slurm(3, 1, 1))
+    dist = distenv.from_environment(slurm(3, 1, 1))
     assert (dist.rank, dist.local_rank, dist.world_size, dist.local_world_size) == (3, 1, 4, 2)
     assert (dist.node_rank, dist.num_nodes, dist.master_addr) == (1, 2, "gpu-a07")
     assert dist.master_port == distenv.derive_port(4242) and dist.backend == "gloo"
@@ -38,14 +38,14 @@ def test_step_lists_win_over_the_job_lists() -> None:
     env = slurm(
         0, 0, 0, SLURM_STEP_NODELIST="gpu-a08", SLURM_STEP_NUM_TASKS="1", SLURM_STEP_TASKS_PER_NODE="1"
     )
-    dist = distenv.derive(env)
+    dist = distenv.from_environment(env)
     assert (dist.master_addr, dist.world_size, dist.local_world_size) == ("gpu-a08", 1, 1)
 
 
 def test_uneven_tasks_per_node() -> None:
     assert distenv.tasks_per_node("3(x2),1") == [3, 3, 1]
     env = slurm(6, 0, 2, SLURM_NTASKS="7", SLURM_JOB_NODELIST="n[1-3]", SLURM_TASKS_PER_NODE="3(x2),1")
-    assert distenv.derive(env).local_world_size == 1
+    assert distenv.from_environment(env).local_world_size == 1
     with pytest.raises(DistEnvError):
         distenv.tasks_per_node("2(x)")
 
@@ -55,16 +55,16 @@ def test_port_is_stable_and_distinct() -> None:
     assert len(ports) == distenv.PORT_SPAN
     assert all(distenv.PORT_BASE <= p < distenv.PORT_BASE + distenv.PORT_SPAN for p in ports)
     assert max(ports) < 32768  # below Linux's ephemeral range
-    requeued = distenv.derive(slurm(0, 0, 0, SLURM_RESTART_COUNT="2"))
-    assert requeued.master_port == distenv.derive(slurm(0, 0, 0)).master_port
+    requeued = distenv.from_environment(slurm(0, 0, 0, SLURM_RESTART_COUNT="2"))
+    assert requeued.master_port == distenv.from_environment(slurm(0, 0, 0)).master_port
     assert requeued.restart_count == 2
-    assert distenv.derive(slurm(0, 0, 0), port=29500).master_port == 29500
+    assert distenv.from_environment(slurm(0, 0, 0), port=29500).master_port == 29500
 
 
 def test_gpus_per_node_every_task_sees_all() -> None:
     for local in (0, 1):
         env = slurm(local, local, 0, CUDA_VISIBLE_DEVICES="0,1", SLURM_GPUS_ON_NODE="2")
-        dist = distenv.derive(env)
+        dist = distenv.from_environment(env)
         assert dist.device_index == local and dist.backend == "nccl"
         assert distenv.rank_env(dist)["SLURMDDP_DEVICE"] == f"cuda:{local}"
 
@@ -72,12 +72,12 @@ def test_gpus_per_node_every_task_sees_all() -> None:
 def test_gpus_per_task_each_task_sees_one() -> None:
     for local, visible in ((0, "0"), (1, "1")):
         env = slurm(local, local, 0, CUDA_VISIBLE_DEVICES=visible, SLURM_GPUS_PER_TASK="1")
-        assert distenv.derive(env).device_index == 0
+        assert distenv.from_environment(env).device_index == 0
 
 
 def test_more_ranks_than_gpus_is_an_error() -> None:
     with pytest.raises(DistEnvError, match="local rank 1 has no GPU"):
-        distenv.derive(slurm(1, 1, 0, CUDA_VISIBLE_DEVICES="0"))
+        distenv.from_environment(slurm(1, 1, 0, CUDA_VISIBLE_DEVICES="0"))
 
 
 def test_local_executor() -> None:
@@ -90,17 +90,17 @@ def test_local_executor() -> None:
         "CUDA_VISIBLE_DEVICES": "0",
         "SLURM_PROCID": "9",  # leaked from an enclosing allocation: the local executor wins
     }
-    dist = distenv.derive(env)
+    dist = distenv.from_environment(env)
     assert (dist.rank, dist.world_size, dist.master_addr, dist.device_index) == (2, 4, "127.0.0.1", None)
     assert dist.master_port == distenv.derive_port(777)
 
 
 def test_not_a_job_and_garbage() -> None:
     with pytest.raises(DistEnvError, match="neither a Slurm task"):
-        distenv.derive({})
+        distenv.from_environment({})
     with pytest.raises(DistEnvError, match="not an integer"):
-        distenv.derive(slurm(0, 0, 0, SLURM_PROCID="x"))
+        distenv.from_environment(slurm(0, 0, 0, SLURM_PROCID="x"))
     env = slurm(0, 0, 0)
     del env["SLURM_JOB_NODELIST"]
     with pytest.raises(DistEnvError, match="NODELIST"):
-        distenv.derive(env)
+        distenv.from_environment(env)

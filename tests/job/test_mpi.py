@@ -10,12 +10,13 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import ROOT, mpi_library_error
 
-from slurmddp import mpilaunch
-from slurmddp.config import load_experiment
 from slurmddp.errors import ConfigError, DistEnvError
+from slurmddp.experiment.load import load_experiment
+from slurmddp.job import mpi
+from slurmddp.submit.plan import slurm_parameters
 
-ROOT = Path(__file__).resolve().parents[1]
 SLURM_2X2 = {
     "SLURM_JOB_ID": "42",
     "SLURM_PROCID": "3",
@@ -31,17 +32,6 @@ def mpiexec() -> str | None:
     # pip puts the mpich package's mpiexec beside the interpreter, which need not be on PATH.
     beside = Path(sys.executable).parent / "mpiexec"
     return str(beside) if beside.is_file() else shutil.which("mpiexec")
-
-
-def mpi_library_error() -> str | None:
-    """Why mpi4py cannot start MPI here, or None when it can."""
-    proc = subprocess.run(
-        [sys.executable, "-c", "from mpi4py import MPI; print(MPI.Get_library_version().splitlines()[0])"],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    return None if proc.returncode == 0 else (proc.stderr.strip().splitlines() or ["no output"])[-1]
 
 
 @pytest.mark.parametrize(
@@ -63,24 +53,24 @@ def mpi_library_error() -> str | None:
     ],
 )
 def test_which_launcher_a_rank_follows(launcher: str, env: dict[str, str], expected: str) -> None:
-    assert mpilaunch.choose(launcher, env) == expected
+    assert mpi.choose(launcher, env) == expected
 
 
 def test_rendezvous_address_follows_the_socket_interface() -> None:
-    assert mpilaunch.rendezvous_address({"GLOO_SOCKET_IFNAME": "lo"}) == "127.0.0.1"
-    assert mpilaunch.rendezvous_address({"NCCL_SOCKET_IFNAME": "lo,eth0"}) == "127.0.0.1"
+    assert mpi.rendezvous_address({"GLOO_SOCKET_IFNAME": "lo"}) == "127.0.0.1"
+    assert mpi.rendezvous_address({"NCCL_SOCKET_IFNAME": "lo,eth0"}) == "127.0.0.1"
     # NCCL's exclusion and exact-match syntax name no single interface: fall back to the host name.
     import socket
 
     by_name = socket.gethostbyname(socket.gethostname())
-    assert mpilaunch.rendezvous_address({"NCCL_SOCKET_IFNAME": "^docker"}) == by_name
-    assert mpilaunch.rendezvous_address({"GLOO_SOCKET_IFNAME": "nosuch0"}) == by_name
+    assert mpi.rendezvous_address({"NCCL_SOCKET_IFNAME": "^docker"}) == by_name
+    assert mpi.rendezvous_address({"GLOO_SOCKET_IFNAME": "nosuch0"}) == by_name
 
 
 def test_free_port_is_bindable() -> None:
     import socket
 
-    port = mpilaunch.free_port()
+    port = mpi.free_port()
     with socket.socket() as probe:
         probe.bind(("", port))
 
@@ -100,23 +90,21 @@ def test_launcher_mpi_without_mpi4py_is_refused_at_load(
         load_experiment(exp, ["dist.launcher=mpi"])
     assert load_experiment(exp, ["dist.launcher=slurm"]).experiment.dist.launcher == "slurm"
     with pytest.raises(DistEnvError, match="cannot import mpi4py"):
-        mpilaunch.mpi()
+        mpi.mpi()
     with pytest.raises(ConfigError, match=r"dist\.launcher: 'mpich' is not one of auto, slurm, mpi"):
         load_experiment(exp, ["dist.launcher=mpich"])
 
 
 def test_launcher_mpi_adds_the_srun_mpi_plugin(tmp_path: Path) -> None:
-    from slurmddp import plan
-
     exp = tmp_path / "exp.yaml"
     exp.write_text("entrypoint: train.py:main\n")
-    mpi = load_experiment(exp, ["dist.launcher=mpi"]).experiment
-    assert plan.slurm_parameters(mpi, tmp_path, "python")["srun_args"] == [
+    launched = load_experiment(exp, ["dist.launcher=mpi"]).experiment
+    assert slurm_parameters(launched, tmp_path, "python")["srun_args"] == [
         "--kill-on-bad-exit=1",
         "--mpi=pmi2",
     ]
     plain = load_experiment(exp).experiment
-    assert plan.slurm_parameters(plain, tmp_path, "python")["srun_args"] == ["--kill-on-bad-exit=1"]
+    assert slurm_parameters(plain, tmp_path, "python")["srun_args"] == ["--kill-on-bad-exit=1"]
 
 
 def test_mpiexec_runs_a_four_rank_ddp_job(tmp_path: Path) -> None:
@@ -134,7 +122,8 @@ def test_mpiexec_runs_a_four_rank_ddp_job(tmp_path: Path) -> None:
             "4",
             sys.executable,
             "-m",
-            "slurmddp.mpilaunch",
+            "slurmddp",
+            "mpilaunch",
             str(ROOT / "examples" / "quickstart.yaml"),
             "train.steps=10",
             f"output_dir={out}",

@@ -9,13 +9,14 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import ROOT
 
-from slurmddp import attempts, preflight
-from slurmddp.config import Preflight, load_experiment
 from slurmddp.errors import ConfigError
-from slurmddp.preflight import Link, RankReport
+from slurmddp.experiment.load import load_experiment
+from slurmddp.experiment.schema import Preflight
+from slurmddp.job import attempts, preflight
+from slurmddp.job.preflight import Link, RankReport
 
-ROOT = Path(__file__).resolve().parents[1]
 MB4 = 4 * 2**20
 
 
@@ -138,7 +139,7 @@ def test_a_preflight_failure_is_not_requeued(tmp_path: Path, monkeypatch: pytest
             {"step": None, "retry": False, "error": "preflight failed: n2", "job_id": "7", "restart_count": 0}
         )
     )
-    decision = attempts.decide(tmp_path, 1, env, squeue=lambda job: "")
+    decision = attempts.decide(tmp_path, 1, env, preempt_time=lambda job: None)
     assert not decision.requeue and decision.message == "preflight failed: n2: not retrying"
 
 

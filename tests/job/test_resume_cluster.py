@@ -9,16 +9,12 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import wait_for_job
-from test_cluster import slurmddp
+from conftest import QUICKSTART, ROOT, slurmddp, wait_for_job, wait_until
 
-ROOT = Path(__file__).resolve().parents[1]
-QUICKSTART = ROOT / "examples" / "quickstart.yaml"
 STEPS = 1000
 COMMON = [f"train.steps={STEPS}", "train.log_every=100"]
 
@@ -48,14 +44,6 @@ def progress_step(run: Path) -> int:
         return int(json.loads((run / "progress.json").read_text())["step"])
     except (OSError, ValueError, KeyError):
         return -1
-
-
-def wait_until(what: str, check: Callable[[], bool], timeout: float = 180) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise TimeoutError(what)
-        time.sleep(0.2)
 
 
 def attempts(run: Path) -> list[dict[str, Any]]:
@@ -228,7 +216,7 @@ def test_interrupt_command_sends_what_slurm_would(slurm_env: dict[str, str], tmp
     assert [r["reason"] for r in ends(run)] == ["preemption", "completed"]
     assert_no_step_lost(run)
     proc = slurmddp(slurm_env, tmp_path, "interrupt", str(run), "--timeout", timeout=60)
-    assert proc.returncode == 2 and "not in the queue" in proc.stderr
+    assert proc.returncode == 2 and "no longer in the queue" in proc.stderr, proc.stderr
 
 
 def test_torchrun_script_is_stopped_requeued_and_resumes_from_its_snapshot(

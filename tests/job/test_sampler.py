@@ -8,7 +8,8 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
-from slurmddp.sampler import ResumableDistributedSampler, SamplerStateError
+from slurmddp.errors import SamplerStateError
+from slurmddp.job.sampler import ResumableDistributedSampler
 
 
 class Indices(Dataset[int]):

@@ -12,11 +12,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import wait_for_job
-from test_cluster import slurmddp as cli
-from test_resume_cluster import wait_until
+from conftest import ROOT, wait_for_job, wait_until
+from conftest import slurmddp as cli
 
-ROOT = Path(__file__).resolve().parents[1]
 SWEEP = ROOT / "examples" / "sweep.yaml"
 
 pytestmark = pytest.mark.slurm

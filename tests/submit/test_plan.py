@@ -9,21 +9,24 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import QUICKSTART, ROOT
 
-from slurmddp import plan as planning
-from slurmddp import submitter
-from slurmddp.config import load_experiment
+from slurmddp.cli.dryrun import rank_env
+from slurmddp.cli.main import _warn_short_lead
+from slurmddp.defaults import RunExecutor
+from slurmddp.experiment.load import load_experiment
+from slurmddp.layout import new_run_dir
+from slurmddp.manage.actions import last_save_seconds
+from slurmddp.submit.plan import SubmissionPlan, build
 
-ROOT = Path(__file__).resolve().parents[1]
-QUICKSTART = ROOT / "examples" / "quickstart.yaml"
 HOSTILE = "$(touch {pwn}) `touch {pwn}` 'q' \"dq\" ;touch {pwn}; a b"
 
 
 def make_plan(
-    exp: Path, overrides: list[str], run_dir: Path, executor: str = "slurm"
-) -> planning.SubmissionPlan:
+    exp: Path, overrides: list[str], run_dir: Path, executor: RunExecutor = "slurm"
+) -> SubmissionPlan:
     loaded = load_experiment(exp, overrides)
-    return planning.build(loaded, executor=executor, workdir=ROOT, run_dir=run_dir, interpreter="python3")
+    return build(loaded, executor=executor, workdir=ROOT, run_dir=run_dir, interpreter="python3")
 
 
 def test_quickstart_slurm_plan(tmp_path: Path) -> None:
@@ -34,7 +37,7 @@ def test_quickstart_slurm_plan(tmp_path: Path) -> None:
     assert "gpus_per_node" not in params and params["srun_args"] == ["--kill-on-bad-exit=1"]
     assert plan.rank.function == f"{ROOT / 'examples' / 'quickstart_train.py'}:train"
     assert plan.rank.env == {"OMP_NUM_THREADS": "1"}
-    script = submitter.sbatch_script(plan)
+    script = plan.batch_script()
     assert "#SBATCH --nodes=2" in script and "#SBATCH --ntasks-per-node=2" in script
     assert f"-m submitit.core._submit {tmp_path / 'run' / 'logs'}" in script
     subprocess.run(["bash", "-n"], input=script, text=True, check=True)
@@ -52,9 +55,9 @@ def test_quickstart_slurm_plan(tmp_path: Path) -> None:
 )
 def test_gpu_bindings(tmp_path: Path, overrides: list[str], flag: str) -> None:
     plan = make_plan(QUICKSTART, overrides, tmp_path)
-    script = submitter.sbatch_script(plan)
+    script = plan.batch_script()
     assert flag in script and "#SBATCH --ntasks-per-node=2" in script
-    last = planning.preview_env(plan, plan.world_size - 1)
+    last = rank_env(plan, plan.world_size - 1)
     expected = "cuda:0" if "task" in flag else "cuda:1"
     assert last["SLURMDDP_DEVICE"] == expected and last["LOCAL_RANK"] == "1"
 
@@ -70,7 +73,7 @@ def test_resources_reach_the_script(tmp_path: Path) -> None:
         "fabric.env={NCCL_DEBUG: INFO}",
     ]
     plan = make_plan(QUICKSTART, overrides, tmp_path)
-    script = submitter.sbatch_script(plan)
+    script = plan.batch_script()
     for line in (
         "--partition=debug",
         "--account=proj",
@@ -96,9 +99,9 @@ def test_hostile_values_stay_inert_when_the_script_runs(tmp_path: Path) -> None:
         f"train.note={json.dumps(hostile)}",
     ]
     loaded = load_experiment(QUICKSTART, overrides)
-    run_dir = submitter.new_run_dir(loaded.experiment.output_dir, loaded.experiment.name)
-    plan = planning.build(loaded, executor="slurm", workdir=ROOT, run_dir=run_dir, interpreter="python3")
-    script = submitter.sbatch_script(plan)
+    run_dir = new_run_dir(loaded.experiment.output_dir, loaded.experiment.name)
+    plan = build(loaded, executor="slurm", workdir=ROOT, run_dir=run_dir, interpreter="python3")
+    script = plan.batch_script()
     run_dir.mkdir(parents=True)  # as submit() does; the script's attempt records go there
     (run_dir / "config.yaml").write_text("requeue: {}\n")
     bin_dir = tmp_path / "bin"
@@ -130,13 +133,13 @@ def test_local_plan_notes(tmp_path: Path) -> None:
         "signal_delay_s": 120,
     }
     assert any("ignored by the local executor" in note for note in plan.notes)
-    env = planning.preview_env(plan, 3)
+    env = rank_env(plan, 3)
     assert env["MASTER_ADDR"] == "127.0.0.1" and env["WORLD_SIZE"] == "4" and "SLURMDDP_DEVICE" not in env
 
 
 def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     code = (
-        "import sys\nfrom slurmddp.cli import main\ncode = main(sys.argv[1:])\n"
+        "import sys\nfrom slurmddp.cli.main import main\ncode = main(sys.argv[1:])\n"
         "assert 'torch' not in sys.modules, 'the submit path imported torch'\nraise SystemExit(code)\n"
     )
     return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, cwd=cwd)
@@ -188,18 +191,14 @@ def test_entrypoint_is_checked_without_running_it(tmp_path: Path) -> None:
 
 
 def test_short_signal_lead_is_warned_at_submit(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from slurmddp import cli, manage
-
     earlier = tmp_path / "quickstart" / "20260101-000000-abcd"
     earlier.mkdir(parents=True)
     (earlier / "progress.json").write_text(json.dumps({"step": 9, "last_save_s": 70.0}))
-    assert manage.last_save_seconds(tmp_path, "quickstart") == 70.0
+    assert last_save_seconds(tmp_path, "quickstart") == 70.0
     for lead, warned in ((120, True), (200, False)):
         loaded = load_experiment(QUICKSTART, [f"output_dir={tmp_path}", f"requeue.signal_lead_s={lead}"])
-        plan = planning.build(
-            loaded, executor="slurm", workdir=ROOT, run_dir=tmp_path / "new", interpreter="python3"
-        )
-        cli._warn_short_lead(plan, loaded)
+        plan = build(loaded, executor="slurm", workdir=ROOT, run_dir=tmp_path / "new", interpreter="python3")
+        _warn_short_lead(plan, loaded)
         assert ("took 70.0 s to save" in capsys.readouterr().out) is warned
 
 

@@ -1,0 +1,180 @@
+"""slurmddp.cluster.slurm: the pure parsers of what Slurm's commands print, from text (no cluster
+needed), and what the runners make of an answer, with the command replaced by a recording fake."""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Sequence
+
+import pytest
+from slurm_samples import LAB
+
+from slurmddp.cluster import slurm
+from slurmddp.cluster.slurm import as_state, parse_config, parse_job_fields, parse_states
+
+# `scontrol show job -o 57` for task 1 of array job 56 on Slurm 22.05.8, after two requeues: one line,
+# space-separated KEY=VALUE words, some values holding '=' or ':' themselves.
+ARRAY_TASK = (
+    "JobId=57 ArrayJobId=56 ArrayTaskId=1 JobName=sweep UserId=root(0) GroupId=root(0) MCS_label=N/A "
+    "Priority=1 Nice=0 Account=(null) QOS=normal JobState=RUNNING Reason=None Dependency=(null) "
+    "Requeue=1 Restarts=2 BatchFlag=1 Reboot=0 ExitCode=0:0 RunTime=00:00:41 TimeLimit=00:10:00 "
+    "TimeMin=N/A SubmitTime=2026-11-22T04:20:01 EligibleTime=2026-11-22T04:20:11 "
+    "AccrueTime=2026-11-22T04:20:11 StartTime=2026-11-22T04:20:12 EndTime=2026-11-22T04:30:12 "
+    "Deadline=N/A PreemptEligibleTime=2026-11-22T04:20:12 PreemptTime=None SuspendTime=None "
+    "SecsPreSuspend=0 LastSchedEval=2026-11-22T04:20:12 Scheduler=Main Partition=debug "
+    "AllocNode:Sid=vm:4242 ReqNodeList=(null) ExcNodeList=(null) NodeList=node[1-2] BatchHost=node1 "
+    "NumNodes=2 NumCPUs=4 NumTasks=4 CPUs/Task=1 ReqB:S:C:T=0:0:*:* TRES=cpu=4,mem=2000M,node=2,billing=4 "
+    "Socks/Node=* NtasksPerN:B:S:C=2:0:*:* CoreSpec=* MinCPUsNode=2 MinMemoryNode=0 MinTmpDiskNode=0 "
+    "Features=(null) DelayBoot=00:00:00 OverSubscribe=OK Contiguous=0 Licenses=(null) Network=(null) "
+    "Command=/runs/sweep/20261122-042001-ab12/logs/56_submission.sh WorkDir=/work "
+    "StdErr=/runs/sweep/20261122-042001-ab12/logs/56_1_0_log.err StdIn=/dev/null "
+    "StdOut=/runs/sweep/20261122-042001-ab12/logs/56_1_0_log.out Power="
+)
+
+
+# ---- scontrol show config ----
+
+
+def test_parse_config_keeps_keys_and_values_and_skips_other_lines() -> None:
+    parsed = parse_config(LAB)
+    assert parsed["SlurmctldParameters"] == "preempt_send_user_signal"
+    assert parsed["KillWait"] == "10 sec" and parsed["SLURM_VERSION"] == "22.05.8"
+    assert parsed["MaxArraySize"] == "1001" and parsed["PreemptMode"] == "REQUEUE"
+    assert parsed["AllowedRAMSpace"] == "100.0%"
+    assert not any(" " in key for key in parsed)
+    assert "Configuration data as of 2026-11-22T04:17:56" not in parsed
+    assert not any(key.startswith(("Cgroup", "Slurmctld(")) for key in parsed)
+
+
+def test_parse_config_first_occurrence_wins() -> None:
+    later = LAB + "\nSome Other Section:\nKillWait                = 99 sec\n"
+    assert parse_config(later)["KillWait"] == "10 sec"
+    assert parse_config("") == {}
+
+
+# ---- squeue and sacct states ----
+
+
+def test_parse_states_reads_id_state_lines() -> None:
+    text = (
+        "41|REQUEUED\n"  # sacct: one line per allocation of a requeued job, the newest last
+        "41|COMPLETED\n"
+        "42|CANCELLED by 0\n"
+        "12_3|RUNNING\n"
+        "12_4|PENDING\n"
+        "\n"
+        "43|NOT_A_STATE\n"
+        "44|\n"
+    )
+    assert parse_states(text) == {
+        "41": "COMPLETED",
+        "42": "CANCELLED",
+        "12_3": "RUNNING",
+        "12_4": "PENDING",
+        "43": "UNKNOWN",
+        "44": "UNKNOWN",
+    }
+
+
+def test_parse_states_a_later_line_wins_whatever_its_state() -> None:
+    assert parse_states("41|COMPLETED\n41|REQUEUED\n") == {"41": "REQUEUED"}
+    assert parse_states("") == {}
+
+
+@pytest.mark.parametrize(
+    ("text", "state"),
+    [
+        ("RUNNING", "RUNNING"),
+        ("CANCELLED by 1000", "CANCELLED"),
+        ("  TIMEOUT \n", "TIMEOUT"),
+        ("running", "UNKNOWN"),  # Slurm spells states in capitals; anything else is not one
+        ("COMPLETE", "UNKNOWN"),
+        ("", "UNKNOWN"),
+    ],
+)
+def test_as_state(text: str, state: str) -> None:
+    assert as_state(text) == state
+
+
+# ---- scontrol show job -o ----
+
+
+def test_parse_job_fields_of_an_array_task() -> None:
+    fields = parse_job_fields(ARRAY_TASK + "\n")
+    assert (fields["JobId"], fields["ArrayJobId"], fields["ArrayTaskId"]) == ("57", "56", "1")
+    assert fields["Restarts"] == "2" and fields["JobState"] == "RUNNING"
+    assert fields["NodeList"] == "node[1-2]" and fields["PreemptTime"] == "None"
+    # A value is everything after the first '='.
+    assert fields["TRES"] == "cpu=4,mem=2000M,node=2,billing=4"
+    assert fields["AllocNode:Sid"] == "vm:4242" and fields["ExitCode"] == "0:0"
+    assert fields["Power"] == ""
+    assert "cpu" not in fields and "mem" not in fields
+
+
+def test_parse_job_fields_cuts_a_value_at_a_space_and_keeps_the_first_key() -> None:
+    fields = parse_job_fields("JobId=7 Comment=two words JobId=8 Restarts=0")
+    assert fields == {"JobId": "7", "Comment": "two", "Restarts": "0"}
+    assert parse_job_fields("") == {}
+
+
+# ---- the runners, with a fake command ----
+
+
+@pytest.fixture
+def answer(monkeypatch: pytest.MonkeyPatch) -> tuple[list[list[str]], dict[str, tuple[int, str, str]]]:
+    """Replace slurm.run: commands are recorded, and answered from the second dict ({argv[0]:
+    (status, stdout, stderr)})."""
+    calls: list[list[str]] = []
+    replies: dict[str, tuple[int, str, str]] = {}
+
+    def fake_run(args: Sequence[str], stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+        calls.append(list(args))
+        status, out, err = replies[args[0]]
+        return subprocess.CompletedProcess(list(args), status, out, err)
+
+    monkeypatch.setattr(slurm, "run", fake_run)
+    return calls, replies
+
+
+@pytest.mark.parametrize(
+    ("status", "printed", "expected"),
+    [
+        (0, "2026-11-22T04:21:07\n", "2026-11-22T04:21:07"),
+        (0, "None\n", None),  # signalled for its time limit: slurmctld set no PreemptTime
+        (0, "N/A\n", None),
+        (0, "", None),
+        (1, "", None),  # gone from the queue
+    ],
+)
+def test_preempt_time(
+    answer: tuple[list[list[str]], dict[str, tuple[int, str, str]]],
+    status: int,
+    printed: str,
+    expected: str | None,
+) -> None:
+    calls, replies = answer
+    replies["squeue"] = (status, printed, "" if status == 0 else "slurm_load_jobs error: Invalid job id")
+    assert slurm.preempt_time("56_1") == expected
+    assert calls == [["squeue", "-h", "-j", "56_1", "-O", "PreemptTime"]]
+
+
+def test_max_array_size(answer: tuple[list[list[str]], dict[str, tuple[int, str, str]]]) -> None:
+    _, replies = answer
+    replies["scontrol"] = (0, LAB, "")
+    assert slurm.max_array_size() == 1001
+    replies["scontrol"] = (1, "", "slurm_load_ctl_conf error: Unable to contact slurm controller")
+    assert slurm.max_array_size() is None
+
+
+def test_job_states_asks_sacct_only_for_what_left_the_queue(
+    answer: tuple[list[list[str]], dict[str, tuple[int, str, str]]],
+) -> None:
+    calls, replies = answer
+    replies["squeue"] = (0, "40_1|RUNNING\n", "")
+    replies["sacct"] = (0, "40_0|COMPLETED\n40_1|REQUEUED\n", "")
+    assert slurm.job_states(["40_0", "40_1"]) == {"40_0": "COMPLETED", "40_1": "RUNNING"}
+    assert [call[0] for call in calls] == ["squeue", "sacct"] and calls[0][4] == "40"
+    calls.clear()
+    assert slurm.job_states(["40_1"]) == {"40_1": "RUNNING"}
+    assert [call[0] for call in calls] == ["squeue"]
+    assert slurm.job_states([]) == {}

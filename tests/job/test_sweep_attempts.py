@@ -1,0 +1,76 @@
+"""The records that cancel and resubmit leave in a sweep element's attempts.jsonl, as the batch
+script's requeue decision reads them."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+
+from slurmddp.cluster import slurm
+from slurmddp.defaults import EXIT_FINISHED
+from slurmddp.job import attempts
+
+ENV = {
+    "SLURM_JOB_ID": "91",
+    "SLURM_RESTART_COUNT": "0",
+    "SLURM_ARRAY_JOB_ID": "90",
+    "SLURM_ARRAY_TASK_ID": "1",
+}
+
+
+def element(tmp_path: Path, **requeue: int) -> Path:
+    lines = "".join(f"  {key}: {value}\n" for key, value in requeue.items())
+    (tmp_path / "config.yaml").write_text(f"requeue:\n{lines or '  {}'}\n")
+    return tmp_path
+
+
+@pytest.fixture
+def commands(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
+    """The Slurm commands the requeue decision runs (scontrol requeue), recorded instead of run."""
+    calls: list[list[str]] = []
+
+    def fake_run(args: Sequence[str], stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+        calls.append(list(args))
+        return subprocess.CompletedProcess(list(args), 0, "", "")
+
+    monkeypatch.setattr(slurm, "run", fake_run)
+    return calls
+
+
+def test_a_cancelled_run_is_neither_requeued_nor_started_again(
+    tmp_path: Path, commands: list[list[str]]
+) -> None:
+    run = element(tmp_path)
+    assert attempts.begin(run, ENV, now=1.0) == 0
+    attempts.mark(
+        run, {"event": "end", "reason": "cancelled", "final": True, "message": "cancelled by the user"}
+    )
+    # Rank 0's stop path (or the batch script) after the user's cancel: no requeue, no record.
+    (run / "stop.json").write_text(json.dumps({"step": 5, "job_id": "91", "restart_count": 0}))
+    assert attempts.end(run, 0, ENV, now=2.0, preempt_time=lambda job: None) == 1
+    assert commands == [] and attempts.read_attempts(run)[-1]["reason"] == "cancelled"
+    assert attempts.begin(run, {**ENV, "SLURM_RESTART_COUNT": "1"}, now=3.0) == EXIT_FINISHED
+
+
+def test_a_resubmitted_run_starts_again_with_fresh_budgets(tmp_path: Path, commands: list[list[str]]) -> None:
+    run = element(tmp_path, max_failures=1)
+    for restart in range(2):
+        env = {**ENV, "SLURM_RESTART_COUNT": str(restart)}
+        assert attempts.begin(run, env, now=10.0 * restart) == 0
+        (run / "failure.json").write_text(
+            json.dumps({"step": restart, "job_id": "91", "restart_count": restart})
+        )
+        attempts.end(run, 1, env, now=10.0 * restart + 5, preempt_time=lambda job: None)
+    assert attempts.final_end(attempts.read_attempts(run))["message"].startswith("failure budget spent")  # type: ignore[index]
+    attempts.mark(run, {"event": "resubmit", "time": 30.0})
+    new = {**ENV, "SLURM_JOB_ID": "95", "SLURM_ARRAY_JOB_ID": "94", "SLURM_ARRAY_TASK_ID": "0"}
+    assert attempts.begin(run, new, now=31.0) == 0
+    (run / "failure.json").write_text(json.dumps({"step": 7, "job_id": "95", "restart_count": 0}))
+    attempts.end(run, 1, new, now=32.0, preempt_time=lambda job: None)
+    last = attempts.read_attempts(run)[-1]
+    assert last["requeue"] is True and "requeue 1 (budget 1)" in last["message"]
+    assert commands[-1] == ["scontrol", "requeue", "94_0"]

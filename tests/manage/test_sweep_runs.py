@@ -1,0 +1,85 @@
+"""Runs and sweeps read back from their directories and the user's index: status rows, the status
+table, ranking by a metric, and finding a run by directory, job id or as the newest submission."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from slurmddp.cluster import slurm
+from slurmddp.errors import SlurmddpError
+from slurmddp.manage import index, report, runs
+
+
+def test_status_rows_read_the_run_directories(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    sweep = tmp_path / "sweep"
+    dirs = ["000-aaaaaa", "001-bbbbbb"]
+    for name in dirs:
+        (sweep / name).mkdir(parents=True)
+    (sweep / "sweep.json").write_text(
+        json.dumps(
+            {
+                "kind": "sweep",
+                "name": "s",
+                "executor": "slurm",
+                "logs": str(sweep / "logs"),
+                "world_size": 2,
+                "metric": "loss",
+                "elements": [
+                    {"index": 0, "dir": dirs[0], "overrides": {"train.lr": 0.1}},
+                    {"index": 1, "dir": dirs[1], "overrides": {"train.lr": 0.2}},
+                ],
+                "submissions": [{"elements": [0, 1], "job_id": "40", "logs": str(sweep / "logs")}],
+            }
+        )
+    )
+    lines = [
+        {"event": "begin", "time": 100.0},
+        {"event": "end", "time": 130.0, "reason": "preemption", "final": False, "requeue": True},
+        {"event": "begin", "time": 150.0},
+        {"event": "end", "time": 170.0, "reason": "completed", "final": True, "requeue": False},
+    ]
+    (sweep / dirs[0] / "attempts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    (sweep / dirs[0] / "metrics.jsonl").write_text(
+        '{"step": 0, "loss": 2.5}\n{"step": 90, "loss": 1.5}\n{"step"'
+    )
+    target = runs.load(sweep / dirs[1])  # an element's directory finds its sweep
+    assert target.kind == "sweep" and target.element(1).job_id == "40_1"
+    asked: list[list[str]] = []
+    monkeypatch.setattr(slurm, "job_states", lambda ids: asked.append(ids) or {"40_1": "PENDING"})
+    rows = runs.rows(target)
+    assert asked == [["40_0", "40_1"]]
+    assert [(r.state, r.attempts, r.step, r.metrics, r.elapsed_s) for r in rows] == [
+        ("COMPLETED", 2, 90, {"loss": 1.5}, 50.0),  # the cut-off last line of metrics is skipped
+        ("PENDING", 0, None, {}, 0.0),
+    ]
+    text = report.status_table(target, rows, "loss")
+    assert "1 completed, 1 pending" in text
+    assert text.splitlines()[2].split() == ["0", "lr=0.1", "COMPLETED", "2", "90", "1.5", "0:00:50", "40_0"]
+    assert [r.index for r in report.ranked(rows, "loss", "min")] == [0, 1]
+    with pytest.raises(SlurmddpError, match="no element logged a metric named 'acc'; logged metrics: loss"):
+        report.ranked(rows, "acc", "max")
+    with pytest.raises(SlurmddpError, match="no element 7; the sweep's indices are 0-1"):
+        target.element(7)
+
+
+def test_the_index_finds_the_newest_submission_and_job_ids(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    with pytest.raises(SlurmddpError, match="nothing submitted yet"):
+        runs.resolve(None)
+    for job in ("7", "8"):
+        run = tmp_path / f"run{job}"
+        run.mkdir()
+        (run / "manifest.json").write_text(
+            json.dumps({"job_id": job, "logs": str(run / "logs"), "executor": "slurm"})
+        )
+        index.remember(run, "run", "exp", job)
+    assert runs.resolve(None).dir == tmp_path / "run8"
+    assert runs.resolve("7").dir == tmp_path / "run7"
+    assert [r["job_id"] for r in index.recent(5)] == ["8", "7"]
+    with pytest.raises(SlurmddpError, match="neither a run or sweep directory nor a job id"):
+        runs.resolve("no-such-thing")

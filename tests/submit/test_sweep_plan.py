@@ -1,0 +1,101 @@
+"""A sweep's plan: one Slurm array whose script limits parallelism and finds its element, checked
+for elements that would collide; and the dryrun that lists the elements."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+from conftest import ROOT
+
+from slurmddp.cli.main import main
+from slurmddp.errors import ConfigError, SubmitError
+from slurmddp.experiment.load import expand, load_experiment
+from slurmddp.job import attempts
+from slurmddp.submit import submitter
+from slurmddp.submit.plan import SubmissionPlan
+from slurmddp.submit.planner import plan_for
+
+SWEEP = ROOT / "examples" / "sweep.yaml"
+
+
+def write_sweep(tmp_path: Path, sweep: str, extra: str = "") -> Path:
+    (tmp_path / "train.py").write_text("def main(ctx):\n    return {}\n")
+    exp = tmp_path / "exp.yaml"
+    exp.write_text(
+        f"entrypoint: train.py:main\n{extra}train: {{lr: 0.1, width: 8, label: x}}\nsweep: {sweep}\n"
+    )
+    return exp
+
+
+def sweep_plan(tmp_path: Path, exp: Path) -> SubmissionPlan:
+    loaded = load_experiment(exp)
+    return plan_for(loaded, elements=expand(loaded), executor="slurm", run_dir=tmp_path, workdir=tmp_path)
+
+
+def test_a_shared_checkpoint_dir_is_refused(tmp_path: Path) -> None:
+    exp = write_sweep(tmp_path, "{grid: {lr: [0.1, 0.2]}}", extra="checkpoint: {dir: /shared/ckpt}\n")
+    with pytest.raises(ConfigError, match="sweep elements 0 and 1 would share /shared/ckpt"):
+        sweep_plan(tmp_path, exp)
+
+
+def test_a_fixed_port_shared_by_elements_is_refused(tmp_path: Path) -> None:
+    exp = write_sweep(tmp_path, "{grid: {lr: [0.1, 0.2]}}", extra="dist: {port: 29500}\n")
+    with pytest.raises(ConfigError, match="sweep elements 0 and 1 both use port 29500"):
+        sweep_plan(tmp_path, exp)
+    # Varied per element, the ports do not collide.
+    varied = write_sweep(tmp_path, "{list: [{dist.port: 29500}, {dist.port: 29501}]}")
+    assert [rank.dist.port for rank in sweep_plan(tmp_path, varied).array] == [29500, 29501]
+
+
+def test_the_array_script_limits_parallelism_and_finds_its_element(tmp_path: Path) -> None:
+    loaded = load_experiment(SWEEP)
+    elements = expand(loaded)
+    plan = plan_for(
+        loaded,
+        elements=elements,
+        executor="slurm",
+        run_dir=tmp_path,
+        workdir=ROOT,
+        submission=0,
+        max_parallel=2,
+    )
+    script = plan.batch_script()
+    assert "#SBATCH --array=0-5%2" in script
+    assert f"-m slurmddp.job.attempts begin {tmp_path} --submission 0" in script
+    assert f'-m slurmddp.job.attempts end {tmp_path} "$slurmddp_status" --submission 0' in script
+    subprocess.run(["bash", "-n"], input=script, text=True, check=True)
+    assert [spec.run_dir for spec in plan.array] == [str(tmp_path / e.dir_name) for e in elements]
+    assert [spec.config["train"]["lr"] for spec in plan.array] == [0.01, 0.01, 0.05, 0.05, 0.2, 0.2]
+    # The array's parallelism is the sweep's unless the caller (a resubmission) says otherwise;
+    # without Slurm the elements run one after another, each planned on its own.
+    same = {"elements": elements, "run_dir": tmp_path, "workdir": ROOT}
+    assert plan_for(loaded, executor="slurm", **same).parameters["array_parallelism"] == 2
+    assert plan_for(loaded, executor="slurm", max_parallel=5, **same).parameters["array_parallelism"] == 5
+    assert plan_for(loaded, executor="local", **same).array == ()
+
+    # The batch side resolves SWEEP_DIR + submission + array task to the element's directory.
+    manifest = {"elements": [{"dir": e.dir_name} for e in elements], "submissions": [{"elements": [5, 2]}]}
+    (tmp_path / "sweep.json").write_text(json.dumps(manifest))
+    found = attempts.element_dir(tmp_path, 0, {"SLURM_ARRAY_TASK_ID": "1"})
+    assert found == tmp_path / elements[2].dir_name
+    # A one-element resubmission is a plain job: no array task id.
+    assert attempts.element_dir(tmp_path, 0, {}) == tmp_path / elements[5].dir_name
+
+
+def test_an_array_over_max_array_size_is_refused() -> None:
+    submitter.check_array_size(1001, 1001)
+    with pytest.raises(SubmitError, match="1002 elements but this cluster's MaxArraySize is 1001"):
+        submitter.check_array_size(1002, 1001)
+
+
+def test_dryrun_of_a_sweep_lists_its_elements(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["dryrun", str(SWEEP), "executor=local", f"output_dir={tmp_path}"]) == 0
+    out = capsys.readouterr().out
+    assert "# ---- sweep: 6 elements (grid) ----" in out
+    assert [line.split(": ")[1] for line in out.splitlines() if line.startswith("# 00")] == [
+        f"lr={lr} width={width}" for lr in (0.01, 0.05, 0.2) for width in (128, 256)
+    ]
+    assert not tmp_path.joinpath("sweep").exists()
