@@ -15,7 +15,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import pytest
@@ -214,3 +214,29 @@ def mpi_library_error() -> str | None:
         check=False,
     )
     return None if proc.returncode == 0 else (proc.stderr.strip().splitlines() or ["no output"])[-1]
+
+
+@pytest.fixture
+def slurm_commands(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
+    """The Slurm commands slurmddp runs (e.g. the requeue decision's scontrol requeue), recorded
+    instead of run; each answers with success and no output."""
+    from slurmddp.cluster import slurm
+
+    calls: list[list[str]] = []
+
+    def fake_run(args: Sequence[str], stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+        calls.append(list(args))
+        return subprocess.CompletedProcess(list(args), 0, "", "")
+
+    monkeypatch.setattr(slurm, "run", fake_run)
+    return calls
+
+
+def write_sweep(tmp_path: Path, sweep: str, extra: str = "") -> Path:
+    """An experiment with a `train.py:main` beside it, `extra` YAML lines and the sweep `sweep`."""
+    (tmp_path / "train.py").write_text("def main(ctx):\n    return {}\n")
+    exp = tmp_path / "exp.yaml"
+    exp.write_text(
+        f"entrypoint: train.py:main\n{extra}train: {{lr: 0.1, width: 8, label: x}}\nsweep: {sweep}\n"
+    )
+    return exp

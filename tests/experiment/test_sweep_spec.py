@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from conftest import write_sweep
 
 from slurmddp.errors import ConfigError
 from slurmddp.experiment import sweep as sweeps
@@ -93,15 +94,6 @@ def test_bad_sweep_specs_name_the_problem(section: object, message: str) -> None
     with pytest.raises(ConfigError) as error:
         parse(section)
     assert message in str(error.value)
-
-
-def write_sweep(tmp_path: Path, sweep: str, extra: str = "") -> Path:
-    (tmp_path / "train.py").write_text("def main(ctx):\n    return {}\n")
-    exp = tmp_path / "exp.yaml"
-    exp.write_text(
-        f"entrypoint: train.py:main\n{extra}train: {{lr: 0.1, width: 8, label: x}}\nsweep: {sweep}\n"
-    )
-    return exp
 
 
 def test_every_element_is_validated_and_named_by_index_and_hash(tmp_path: Path) -> None:

@@ -3,13 +3,10 @@
 from __future__ import annotations
 
 import json
-import subprocess
-from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
 
-from slurmddp.cluster import slurm
 from slurmddp.defaults import EXIT_FINISHED
 from slurmddp.job import attempts
 
@@ -41,33 +38,25 @@ def attempt(
     return attempts.end(path, status, env, now=1001.0 + restart, preempt_time=lambda job: preempt)
 
 
-@pytest.fixture(autouse=True)
-def no_scontrol(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
-    """The Slurm commands the requeue decision runs (scontrol requeue), recorded instead of run."""
-    calls: list[list[str]] = []
-
-    def fake_run(args: Sequence[str], stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-        calls.append(list(args))
-        return subprocess.CompletedProcess(list(args), 0, "", "")
-
-    monkeypatch.setattr(slurm, "run", fake_run)
-    return calls
-
-
 def ends(path: Path) -> list[dict[str, object]]:
     return [r for r in attempts.read_attempts(path) if r["event"] == "end"]
 
 
-def test_completed_is_final(tmp_path: Path, no_scontrol: list[list[str]]) -> None:
+@pytest.fixture(autouse=True)
+def no_real_slurm(slurm_commands: list[list[str]]) -> None:
+    """The requeue decision's scontrol calls are recorded, never run, in every test here."""
+
+
+def test_completed_is_final(tmp_path: Path, slurm_commands: list[list[str]]) -> None:
     path = run_dir(tmp_path)
     assert attempt(path, 0) == 0
     assert ends(path)[-1]["reason"] == "completed" and ends(path)[-1]["final"] is True
-    assert no_scontrol == []
+    assert slurm_commands == []
     assert attempts.begin(path, ENV, now=2000.0) == EXIT_FINISHED
 
 
 def test_preemption_is_told_by_preempt_time_not_elapsed_time(
-    tmp_path: Path, no_scontrol: list[list[str]]
+    tmp_path: Path, slurm_commands: list[list[str]]
 ) -> None:
     path = run_dir(tmp_path, max_timeouts=1)
     attempt(path, 0, stop=True, preempt="2026-11-22T01:00:00")
@@ -75,7 +64,7 @@ def test_preemption_is_told_by_preempt_time_not_elapsed_time(
     attempt(path, 2, stop=True, preempt=None)
     reasons = [(r["reason"], r["requeue"], r["step"]) for r in ends(path)]
     assert reasons == [("preemption", True, 10), ("preemption", True, 20), ("timeout", True, 30)]
-    assert no_scontrol == [["scontrol", "requeue", "77"]] * 3
+    assert slurm_commands == [["scontrol", "requeue", "77"]] * 3
 
 
 def test_timeout_budget(tmp_path: Path) -> None:
@@ -127,7 +116,7 @@ def test_array_tasks_requeue_alone() -> None:
 
 
 def test_the_batch_script_does_not_record_an_attempt_twice(
-    tmp_path: Path, no_scontrol: list[list[str]]
+    tmp_path: Path, slurm_commands: list[list[str]]
 ) -> None:
     """Rank 0 already recorded and requeued; the batch script's call only repeats the requeue."""
     path = run_dir(tmp_path)
@@ -136,18 +125,18 @@ def test_the_batch_script_does_not_record_an_attempt_twice(
     assert attempts.end(path, 0, ENV, now=2.0, preempt_time=lambda j: "2026-01-01T00:00:00") == 0
     assert attempts.end(path, 0, ENV, now=3.0, preempt_time=lambda j: None) == 0
     assert [(r["reason"], r["step"]) for r in ends(path)] == [("preemption", 12)]
-    assert no_scontrol == [["scontrol", "requeue", "77"]] * 2
+    assert slurm_commands == [["scontrol", "requeue", "77"]] * 2
 
 
 def test_a_run_whose_ranks_all_returned_is_completed_whatever_srun_says(
-    tmp_path: Path, no_scontrol: list[list[str]]
+    tmp_path: Path, slurm_commands: list[list[str]]
 ) -> None:
     # A time-limit signal landing while the finished ranks exit made srun report status 140.
     path = run_dir(tmp_path)
     assert attempts.begin(path, ENV, now=1000.0) == 0
     (path / "result.json").write_text(json.dumps({"job_id": "77", "restart_count": 0, "result": {}}))
     assert attempts.end(path, 140, ENV, now=1001.0, preempt_time=lambda job: None) == 0
-    assert ends(path)[-1]["reason"] == "completed" and no_scontrol == []
+    assert ends(path)[-1]["reason"] == "completed" and slurm_commands == []
     # A result left by an earlier attempt does not count.
     (tmp_path / "later").mkdir()
     later = run_dir(tmp_path / "later")

@@ -4,13 +4,8 @@ script's requeue decision reads them."""
 from __future__ import annotations
 
 import json
-import subprocess
-from collections.abc import Sequence
 from pathlib import Path
 
-import pytest
-
-from slurmddp.cluster import slurm
 from slurmddp.defaults import EXIT_FINISHED
 from slurmddp.job import attempts
 
@@ -28,21 +23,8 @@ def element(tmp_path: Path, **requeue: int) -> Path:
     return tmp_path
 
 
-@pytest.fixture
-def commands(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
-    """The Slurm commands the requeue decision runs (scontrol requeue), recorded instead of run."""
-    calls: list[list[str]] = []
-
-    def fake_run(args: Sequence[str], stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-        calls.append(list(args))
-        return subprocess.CompletedProcess(list(args), 0, "", "")
-
-    monkeypatch.setattr(slurm, "run", fake_run)
-    return calls
-
-
 def test_a_cancelled_run_is_neither_requeued_nor_started_again(
-    tmp_path: Path, commands: list[list[str]]
+    tmp_path: Path, slurm_commands: list[list[str]]
 ) -> None:
     run = element(tmp_path)
     assert attempts.begin(run, ENV, now=1.0) == 0
@@ -52,11 +34,13 @@ def test_a_cancelled_run_is_neither_requeued_nor_started_again(
     # Rank 0's stop path (or the batch script) after the user's cancel: no requeue, no record.
     (run / "stop.json").write_text(json.dumps({"step": 5, "job_id": "91", "restart_count": 0}))
     assert attempts.end(run, 0, ENV, now=2.0, preempt_time=lambda job: None) == 1
-    assert commands == [] and attempts.read_attempts(run)[-1]["reason"] == "cancelled"
+    assert slurm_commands == [] and attempts.read_attempts(run)[-1]["reason"] == "cancelled"
     assert attempts.begin(run, {**ENV, "SLURM_RESTART_COUNT": "1"}, now=3.0) == EXIT_FINISHED
 
 
-def test_a_resubmitted_run_starts_again_with_fresh_budgets(tmp_path: Path, commands: list[list[str]]) -> None:
+def test_a_resubmitted_run_starts_again_with_fresh_budgets(
+    tmp_path: Path, slurm_commands: list[list[str]]
+) -> None:
     run = element(tmp_path, max_failures=1)
     for restart in range(2):
         env = {**ENV, "SLURM_RESTART_COUNT": str(restart)}
@@ -73,4 +57,4 @@ def test_a_resubmitted_run_starts_again_with_fresh_budgets(tmp_path: Path, comma
     attempts.end(run, 1, new, now=32.0, preempt_time=lambda job: None)
     last = attempts.read_attempts(run)[-1]
     assert last["requeue"] is True and "requeue 1 (budget 1)" in last["message"]
-    assert commands[-1] == ["scontrol", "requeue", "94_0"]
+    assert slurm_commands[-1] == ["scontrol", "requeue", "94_0"]

@@ -8,7 +8,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import ROOT
+from conftest import ROOT, write_sweep
 
 from slurmddp.cli.main import main
 from slurmddp.errors import ConfigError, SubmitError
@@ -19,15 +19,6 @@ from slurmddp.submit.plan import SubmissionPlan
 from slurmddp.submit.planner import plan_for
 
 SWEEP = ROOT / "examples" / "sweep.yaml"
-
-
-def write_sweep(tmp_path: Path, sweep: str, extra: str = "") -> Path:
-    (tmp_path / "train.py").write_text("def main(ctx):\n    return {}\n")
-    exp = tmp_path / "exp.yaml"
-    exp.write_text(
-        f"entrypoint: train.py:main\n{extra}train: {{lr: 0.1, width: 8, label: x}}\nsweep: {sweep}\n"
-    )
-    return exp
 
 
 def sweep_plan(tmp_path: Path, exp: Path) -> SubmissionPlan:
