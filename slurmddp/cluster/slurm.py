@@ -76,10 +76,6 @@ def available(tool: str = "sbatch") -> bool:
     return shutil.which(tool) is not None
 
 
-def tool_paths() -> dict[str, str | None]:
-    return {tool: shutil.which(tool) for tool in TOOLS}
-
-
 # ---- sbatch ----
 
 

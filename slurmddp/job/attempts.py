@@ -29,7 +29,7 @@ from slurmddp.layout import ATTEMPTS, CONFIG, FAILURE, INTERRUPT, PROGRESS, RESU
 CANCELLED: EndReason = "cancelled"
 """The reason `slurmddp cancel` records: final, and never requeued."""
 
-PreemptTime = Callable[[str], "str | None"]
+PreemptTime = Callable[[str], str | None]
 """squeue's PreemptTime of a job id (None: not picked for preemption); a parameter for tests."""
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from slurmddp.cluster.fabric import FabricProfile
 from slurmddp.defaults import RunExecutor
 from slurmddp.experiment.schema import Dist, Preflight
 
@@ -34,7 +35,7 @@ class RankSpec:
     preflight: Preflight
     env: dict[str, str]
     """Variables every rank gets besides the rank variables (OMP_NUM_THREADS, fabric.env)."""
-    fabric_profile: str
+    fabric_profile: FabricProfile
     stop_signals: tuple[str, ...]
     executor: RunExecutor
     """How a stopped rank asks to be run again."""

@@ -44,7 +44,7 @@ def test_batch_script_is_byte_for_byte_the_golden_one(
     assert check.returncode == 0, check.stderr
 
 
-def test_the_sweep_script_is_one_array_limited_to_max_parallel(tmp_path: Path) -> None:
+def test_the_sweep_script_is_one_array_limited_to_max_parallel() -> None:
     script = (GOLDEN / "sweep.sh").read_text()
     assert "#SBATCH --array=0-5%2" in script
     assert "-m slurmddp.job.attempts begin RUN_DIR --submission 0" in script
