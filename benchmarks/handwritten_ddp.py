@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
-from quickstart_train import global_batch, make_model  # examples/ is not a package
+from synthetic_train import global_batch, make_model  # examples/ is not a package
 
 
 def main() -> None:

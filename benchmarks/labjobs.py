@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-QUICKSTART = ROOT / "examples" / "quickstart.yaml"
+QUICKSTART = ROOT / "examples" / "synthetic.yaml"
 
 
 def submit(out: Path, *overrides: str) -> Path:

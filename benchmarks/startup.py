@@ -62,7 +62,7 @@ def ours(out: Path) -> tuple[float, float]:
             "-m",
             "slurmddp",
             "submit",
-            str(ROOT / "examples" / "quickstart.yaml"),
+            str(ROOT / "examples" / "synthetic.yaml"),
             "train.steps=5",
             f"output_dir={out}",
             "--wait",
@@ -72,7 +72,7 @@ def ours(out: Path) -> tuple[float, float]:
     )
     if proc.returncode:
         raise SystemExit(f"slurmddp submit failed:\n{proc.stdout}{proc.stderr}")
-    result = sorted(out.glob("quickstart/*/result.json"))[-1]
+    result = sorted(out.glob("synthetic/*/result.json"))[-1]
     data = json.loads(result.read_text())
     return float(data["result"]["first_step_at"]) - started, float(data["started_at"]) - started
 

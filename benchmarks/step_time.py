@@ -60,7 +60,7 @@ def slurmddp(steps: int, out: Path) -> float:
             "-m",
             "slurmddp",
             "submit",
-            str(ROOT / "examples" / "quickstart.yaml"),
+            str(ROOT / "examples" / "synthetic.yaml"),
             "executor=local",
             "resources.nodes=1",
             "resources.tasks_per_node=2",

@@ -93,7 +93,7 @@ def main() -> None:
             "PATH": f"{shim_dir}{os.pathsep}{os.environ['PATH']}",
             "XDG_STATE_HOME": str(work / "state"),
         }
-        shutil.copy(ROOT / "examples" / "quickstart_train.py", work)
+        shutil.copy(ROOT / "examples" / "synthetic_train.py", work)
         sweep = (
             f"sweep={{random: {{trials: {n}, seed: 1, params: {{lr: {{log_uniform: [0.0001, 0.1]}}, "
             "width: {choice: [128, 256]}}}, max_parallel: 2}"

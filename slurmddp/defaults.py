@@ -18,6 +18,7 @@ EndReason = Literal["completed", "preemption", "timeout", "failure", "killed", "
 RequeueReason = Literal["preemption", "timeout", "failure"]
 """The reasons with a requeue budget."""
 RunKind = Literal["run", "sweep"]
+Autocast = Literal["none", "bfloat16", "float16"]
 
 STOP_SIGNAL: StopSignal = "USR2"
 """What Slurm sends before the time limit (sbatch --signal) unless requeue.signal says otherwise."""

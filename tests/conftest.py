@@ -23,6 +23,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 """The repository: examples/, configs/ and templates/ are read from there."""
 QUICKSTART = ROOT / "examples" / "quickstart.yaml"
+SYNTHETIC = ROOT / "examples" / "synthetic.yaml"
+"""The seeded-MLP example: steps and width set freely, for long runs and big checkpoints."""
 LAB_DIR = Path(__file__).resolve().parent / "slurm_lab"
 LAB_UP = LAB_DIR / "up"
 LAB_DOWN = LAB_DIR / "down"

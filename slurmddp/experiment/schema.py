@@ -9,7 +9,7 @@ import difflib
 import importlib.util
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from slurmddp.cluster.fabric import FabricProfile
 from slurmddp.cluster.timespec import parse_time
@@ -17,6 +17,7 @@ from slurmddp.defaults import (
     BUDGETS,
     SIGNAL_LEAD_S,
     STOP_SIGNAL,
+    Autocast,
     Backend,
     Executor,
     GpuBinding,
@@ -32,6 +33,8 @@ _CONTROL_CHARS = re.compile(r"[\x00-\x1f\x7f]")
 _SBATCH_KEY = re.compile(r"^[a-z][a-z0-9-]*$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+WandbMode = Literal["offline", "online"]
 
 
 def _one_line(key: str, value: str | None) -> None:
@@ -245,6 +248,60 @@ class Preflight:
 
 
 @dataclass(kw_only=True)
+class Ddp:
+    """How `ctx.ddp` wraps the model and how a step accumulates gradients."""
+
+    bucket_cap_mb: float = 25
+    """Gradient bucket size (DistributedDataParallel's bucket_cap_mb)."""
+    gradient_as_bucket_view: bool = False
+    """Gradients are views into the all-reduce buckets: saves one copy of the gradients."""
+    static_graph: bool = False
+    """The same parameters get gradients in the same order every step (DDP's static_graph)."""
+    find_unused_parameters: bool = False
+    """Only for models whose steps leave some parameters without a gradient: it costs a walk of the
+    autograd graph per backward."""
+    accumulate: int = 1
+    """Micro-batches per optimizer step (`loop.micro_batches`); all but the last skip the all-reduce."""
+
+    def __post_init__(self) -> None:
+        if self.bucket_cap_mb <= 0:
+            raise ConfigError(f"ddp.bucket_cap_mb: must be > 0, got {self.bucket_cap_mb}")
+        _at_least("ddp.accumulate", self.accumulate, 1)
+
+
+@dataclass(kw_only=True)
+class Precision:
+    """Mixed precision: what `ctx.autocast()` and `ctx.scaler` do."""
+
+    autocast: Autocast = "none"
+    """`bfloat16` or `float16` autocast of the forward pass (bfloat16 also on CPUs), or `none`."""
+    grad_scaler: bool | None = None
+    """Scale the loss against float16 underflow; default: on with float16 autocast, off otherwise."""
+
+
+@dataclass(kw_only=True)
+class Trackers:
+    """Where `ctx.log` sends metrics besides RUN_DIR/metrics.jsonl (rank 0 only). A requeued or
+    resubmitted run continues the same tracker run."""
+
+    tensorboard: bool = True
+    """Event files in RUN_DIR/tensorboard (needs the tensorboard package, a dependency)."""
+    mlflow: bool = False
+    """Log to MLflow (pip install 'slurmddp[mlflow]')."""
+    mlflow_uri: str | None = None
+    """MLflow tracking URI; default: a local file store in RUN_DIR/mlruns."""
+    wandb: bool = False
+    """Log to Weights & Biases (pip install 'slurmddp[wandb]')."""
+    wandb_mode: WandbMode = "offline"
+    """W&B's mode: `offline` writes RUN_DIR/wandb for a later `wandb sync`; `online` needs a login."""
+    project: str | None = None
+    """MLflow experiment / W&B project name; default: the experiment's name."""
+
+    def __post_init__(self) -> None:
+        _one_line("trackers.mlflow_uri", self.mlflow_uri)
+
+
+@dataclass(kw_only=True)
 class Experiment:
     """One experiment: what to run, on what, and the user's own `train:` settings."""
 
@@ -263,6 +320,9 @@ class Experiment:
     requeue: Requeue = field(default_factory=Requeue)
     fabric: Fabric = field(default_factory=Fabric)
     preflight: Preflight = field(default_factory=Preflight)
+    ddp: Ddp = field(default_factory=Ddp)
+    precision: Precision = field(default_factory=Precision)
+    trackers: Trackers = field(default_factory=Trackers)
     train: dict[str, Any] = field(default_factory=dict)
     """Free-form settings for the training code (ctx.config.train)."""
 

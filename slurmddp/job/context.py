@@ -6,13 +6,19 @@ import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
+from slurmddp.errors import SlurmddpError
 from slurmddp.job.distenv import DistEnv
 from slurmddp.job.loop import TrainLoop
 from slurmddp.layout import METRICS
+
+if TYPE_CHECKING:
+    from torch.utils.data import DataLoader, Dataset
+
+    from slurmddp.job.trackers import Trackers
 
 
 @dataclass
@@ -29,6 +35,10 @@ class RunContext:
     checkpoint_dir: Path
     active_loop: TrainLoop | None = field(default=None, repr=False)
     """The loop made by `loop()`, once there is one."""
+    ddp_modules: list[Any] = field(default_factory=list, repr=False)
+    """The modules `ddp()` wrapped: the loop primes them on resume and `micro_batches` pauses their sync."""
+    _scaler: Any = field(default=None, repr=False)
+    _trackers: Trackers | None = field(default=None, repr=False)
 
     @property
     def rank(self) -> int:
@@ -78,50 +88,179 @@ class RunContext:
         return section
 
     def log(self, step: int, **metrics: Any) -> None:
-        """Record metrics (numbers, or one-element tensors) at `step` in RUN_DIR/metrics.jsonl,
-        which `status` and `results` read. Only rank 0 writes; the call is free elsewhere."""
-        if self.rank != 0:
+        """Record metrics (numbers, or one-element tensors) at `step`: RUN_DIR/metrics.jsonl, which
+        `status`, `results` and `submit --wait` read, and the trackers of `config.trackers`
+        (TensorBoard by default). Only rank 0 writes; the call is free elsewhere, and dropped during
+        a resumed attempt's priming step (that step is run again)."""
+        if self.rank != 0 or (self.active_loop is not None and self.active_loop.priming):
             return
-        record = {"step": int(step), "time": round(time.time(), 3)}
         # .item() for tensors: float() on one that requires grad warns.
-        record.update({name: float(getattr(v, "item", lambda v=v: v)()) for name, v in metrics.items()})
+        values = {name: float(getattr(v, "item", lambda v=v: v)()) for name, v in metrics.items()}
+        record = {"step": int(step), "time": round(time.time(), 3), **values}
         with (self.run_dir / METRICS).open("a") as handle:
             handle.write(json.dumps(record) + "\n")
+        self._open_trackers().log(int(step), values)
+
+    def _open_trackers(self) -> Trackers:
+        if self._trackers is None:
+            from slurmddp.job.trackers import Trackers
+
+            loop = self.active_loop
+            self._trackers = Trackers.open(
+                self.run_dir,
+                self.config.trackers,
+                name=str(self.config.name),
+                first_step=loop.first_step if loop is not None else 0,
+                config=OmegaConf.to_container(self.config, resolve=True),  # type: ignore[arg-type]
+            )
+        return self._trackers
+
+    def close(self) -> None:
+        """Flush and close the trackers (the runtime calls it when the function returns or stops)."""
+        if self._trackers is not None:
+            self._trackers.close()
+            self._trackers = None
 
     def ddp(self, module: Any, **kwargs: Any) -> Any:
-        """Wrap `module` in DistributedDataParallel on this rank's device.
+        """Wrap `module` in DistributedDataParallel on this rank's device, with `config.ddp`'s
+        bucket_cap_mb, gradient_as_bucket_view, static_graph and find_unused_parameters (False);
+        keyword arguments win over them.
 
-        `find_unused_parameters=True` by default: it is what keeps DDP from rebuilding its gradient
-        buckets after the first iteration. A rebuild makes a resumed attempt reduce its first step
-        in a different bucket layout (a different float summation order) than the uninterrupted
-        run did at that step, so resume would not be bit-exact (see docs/resume.md). The reducer's
-        one-time warning that no parameter was unused is expected (it is printed by C++ from the
-        autograd thread, past Python's warning filters).
+        Resume stays bit-exact without find_unused_parameters: a resumed attempt's loop runs one
+        priming step first (see slurmddp.job.loop), since DDP's bucket layout, and with it the order
+        in which floats are summed, changes after the first step.
         """
         from torch.nn.parallel import DistributedDataParallel
 
-        kwargs.setdefault("find_unused_parameters", True)
+        options = self.config.ddp
+        for key in ("bucket_cap_mb", "gradient_as_bucket_view", "static_graph", "find_unused_parameters"):
+            kwargs.setdefault(key, options[key])
         if self.device.type == "cuda":
             kwargs.setdefault("device_ids", [self.device.index])
-        return DistributedDataParallel(module.to(self.device), **kwargs)
+        wrapped = DistributedDataParallel(module.to(self.device), **kwargs)
+        self.ddp_modules.append(wrapped)
+        return wrapped
 
-    def loop(self, total_steps: int, *, extra: dict[str, Any] | None = None, **stateful: Any) -> TrainLoop:
-        """A resumable loop over steps: `for step in ctx.loop(1000, model=m, optimizer=opt): ...`.
+    def loader(
+        self,
+        dataset: Dataset[Any],
+        *,
+        global_batch: int,
+        shuffle: bool = True,
+        num_workers: int = 0,
+        seed: int = 0,
+        **options: Any,
+    ) -> DataLoader[Any]:
+        """A DataLoader over this rank's share of `dataset`, `global_batch // world_size` samples a
+        batch.
+
+        shuffle=True (training): reshuffled every epoch from `seed`, incomplete batches dropped, so
+        every step is a full global batch whatever the world size; pass it as `ctx.loop(data=...)`,
+        which sets its epoch and resumes it mid-epoch. shuffle=False (validation): every sample
+        exactly once over all ranks, in order, no padding; reduce what each rank counts with
+        `ctx.reduce_sum`. Other keywords (collate_fn, persistent_workers, ...) go to the DataLoader.
+        """
+        from slurmddp.job.data import make_loader
+
+        return make_loader(
+            dataset,
+            global_batch=global_batch,
+            rank=self.rank,
+            world_size=self.world_size,
+            shuffle=shuffle,
+            seed=seed,
+            num_workers=num_workers,
+            pin_memory=options.pop("pin_memory", self.device.type == "cuda"),
+            options=options,
+        )
+
+    def autocast(self) -> Any:
+        """`torch.autocast` on this rank's device with `config.precision.autocast`'s dtype (a no-op
+        context with `none`): `with ctx.autocast(): loss = ...`."""
+        import torch
+
+        dtype = self.config.precision.autocast
+        return torch.autocast(
+            self.device.type,
+            dtype=getattr(torch, "bfloat16" if dtype == "none" else dtype),
+            enabled=dtype != "none",
+        )
+
+    @property
+    def scaler(self) -> Any:
+        """This run's torch.amp.GradScaler: on with float16 autocast (or precision.grad_scaler), a
+        pass-through otherwise, so `ctx.scaler.scale(loss).backward()` and `ctx.scaler.step(opt)`
+        suit every setting. `ctx.loop` keeps its state in checkpoints."""
+        if self._scaler is None:
+            import torch
+
+            precision = self.config.precision
+            enabled = precision.grad_scaler
+            if enabled is None:
+                enabled = precision.autocast == "float16"
+            self._scaler = torch.amp.GradScaler(self.device.type, enabled=bool(enabled))
+        return self._scaler
+
+    def reduce_sum(self, *values: Any) -> list[int | float]:
+        """Each value (number or one-element tensor) summed over all ranks; integers stay exact."""
+        from slurmddp.job.metrics import reduce_sum
+
+        return reduce_sum(list(values), self.device)
+
+    def reduce_mean(self, value: Any) -> float:
+        """The mean of one scalar over all ranks."""
+        from slurmddp.job.metrics import reduce_mean
+
+        return reduce_mean(value, self.device)
+
+    def gather(self, obj: Any) -> list[Any]:
+        """Every rank's picklable `obj`, in rank order, on every rank."""
+        from slurmddp.job.metrics import gather
+
+        return gather(obj)
+
+    def loop(
+        self,
+        total_steps: int | None = None,
+        *,
+        epochs: int | None = None,
+        data: DataLoader[Any] | None = None,
+        extra: dict[str, Any] | None = None,
+        **stateful: Any,
+    ) -> TrainLoop:
+        """A resumable loop: `for step in ctx.loop(1000, model=m, optimizer=opt): ...`, or over a
+        training loader: `for step, batch in ctx.loop(epochs=10, data=loader, model=m, ...)`.
 
         Each keyword names an object with state_dict()/load_state_dict() (model, optimizer,
-        scheduler, grad scaler, sampler, ...); they are restored from the latest complete
+        scheduler, ...); they, `ctx.scaler` and the RNG streams are restored from the latest complete
         checkpoint, saved as config.checkpoint says, and saved by every rank at the same step when
-        a stop signal arrives. `extra` is a dict of your own values kept the same way.
+        a stop signal arrives. `extra` is a dict of your own values kept the same way. With `data`,
+        `total_steps` defaults to `epochs` whole epochs.
         """
         from slurmddp.job.checkpoint import CheckpointStore
+        from slurmddp.job.data import Feed
 
-        settings = self.config.checkpoint
+        feed = Feed(data) if data is not None else None
+        if total_steps is None:
+            if feed is None or epochs is None:
+                raise SlurmddpError("ctx.loop needs total_steps, or epochs= with data=")
+            total_steps = epochs * feed.steps_per_epoch
+        elif epochs is not None:
+            raise SlurmddpError("ctx.loop takes total_steps or epochs=, not both")
+        accumulate = int(self.config.ddp.accumulate)
+        settings: dict[str, Any] = {
+            "accumulate": accumulate,
+            "autocast": str(self.config.precision.autocast),
+            **(feed.identity() if feed is not None else {}),
+        }
+        stateful.setdefault("scaler", self.scaler)
+        checkpoint = self.config.checkpoint
         store = CheckpointStore(
             self.checkpoint_dir,
             rank=self.rank,
             world_size=self.world_size,
-            keep_last=settings.keep_last,
-            async_save=settings.async_save,
+            keep_last=checkpoint.keep_last,
+            async_save=checkpoint.async_save,
         )
         self.active_loop = TrainLoop(
             total_steps=total_steps,
@@ -129,11 +268,15 @@ class RunContext:
             device=self.device,
             run_dir=self.run_dir,
             store=store,
-            every_steps=settings.every_steps,
-            every_minutes=settings.every_minutes,
+            every_steps=checkpoint.every_steps,
+            every_minutes=checkpoint.every_minutes,
             restart_count=self.restart_count,
             job_id=self.job_id,
             objects=stateful,
             extra=extra if extra is not None else {},
+            data=feed,
+            ddp_modules=self.ddp_modules,
+            accumulate=accumulate,
+            settings=settings,
         )
         return self.active_loop

@@ -2,26 +2,43 @@
 
     for step in ctx.loop(total_steps, model=model, optimizer=optimizer):
         ...one training step...
+    for step, batch in ctx.loop(epochs=10, data=ctx.loader(dataset, global_batch=64), model=...):
+        ...one training step on this rank's share of the global batch...
 
 At each step boundary the ranks exchange one small all-reduce that carries "a stop signal arrived"
 and "a timed checkpoint is due". It is started at one boundary and read at the next, so it never
 waits on the network; since every rank reads the same reduced value at the same boundary, all ranks
 stop (or save) at the same step, one step after the signal.
+
+A resumed attempt first runs the user's step once as a priming step and then loads the checkpoint
+again. DistributedDataParallel lays out its gradient buckets in parameter order, records the order
+in which gradients become ready in its first backward, and rebuilds its buckets once, before the
+second forward. The uninterrupted run reduced every step after its first in the rebuilt layout; a
+resumed process without priming would reduce its first step in the initial one, and with three or
+more ranks a float's place in a bucket decides the order in which the ranks' values are summed:
+other bits. After the priming step the process is where the uninterrupted run was (rebuilt buckets,
+the checkpoint's state, the RNG streams as they were after the batch was drawn), at the cost of one
+step per resume instead of `find_unused_parameters=True`'s graph walk in every step.
 """
 
 from __future__ import annotations
 
+import copy
+import json
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import ExitStack
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from slurmddp.errors import CheckpointError
 from slurmddp.files import write_json
 from slurmddp.job import signals
-from slurmddp.layout import PROGRESS, STOP
+from slurmddp.job.data import Feed, split
+from slurmddp.layout import METRICS, PROGRESS, STOP
 
 if TYPE_CHECKING:
-    from slurmddp.job.checkpoint import CheckpointStore
+    from slurmddp.job.checkpoint import CheckpointInfo, CheckpointStore
 
 # Rank 0 records how far it got at most this often, for the attempt log of a crashed attempt.
 PROGRESS_EVERY_S = 2.0
@@ -40,7 +57,8 @@ class StopForRequeue(BaseException):
 
 
 class TrainLoop:
-    """Iterates over step numbers from the last checkpoint (or 0) to `total_steps`."""
+    """Iterates over step numbers (with `data`: (step, batch) pairs) from the last checkpoint (or 0)
+    to `total_steps`."""
 
     def __init__(
         self,
@@ -56,6 +74,10 @@ class TrainLoop:
         job_id: str,
         objects: Mapping[str, Any],
         extra: dict[str, Any],
+        data: Feed | None,
+        ddp_modules: Sequence[Any],
+        accumulate: int,
+        settings: Mapping[str, Any],
     ) -> None:
         import torch
 
@@ -69,16 +91,57 @@ class TrainLoop:
         self.objects = {name: obj for name, obj in objects.items() if obj is not None}
         self.extra = extra
         """User values saved with every checkpoint and restored on resume (rank 0's are kept)."""
+        self.data = data
+        self.accumulate = accumulate
+        """Micro-batches per step (ddp.accumulate): what `micro_batches` cuts a batch into."""
+        self.settings = dict(settings)
+        """What a checkpoint's state depends on besides the objects; a resume must find the same."""
+        self._ddp_modules = ddp_modules
         self.step = 0
         self.first_step = 0
         """The step this attempt started from (0, or the checkpoint it resumed)."""
+        self.priming = False
+        """True while the step being run is the priming step of a resumed attempt: its effects are
+        undone, and `ctx.log` drops what it logs; skip other side effects (files of your own) then."""
         self.last_save_s = 0.0
+        self._resumed: CheckpointInfo | None = None
         self._saved_at = time.monotonic()
         self._saved_step = -1
         self._progress_at = 0.0
         self._flags = torch.zeros(2, dtype=torch.int32, device=device)
         self._pending: Any = None
         self._resume()
+
+    @property
+    def epoch(self) -> int:
+        """The epoch of the current step (0 without `data`)."""
+        return self.data.epoch_of(self.step) if self.data is not None else 0
+
+    @property
+    def epochs(self) -> int | None:
+        """Epochs in the run (with `data`), the last one possibly partial."""
+        if self.data is None:
+            return None
+        return -(-self.total_steps // self.data.steps_per_epoch)
+
+    @property
+    def epoch_end(self) -> bool:
+        """True at the last step of an epoch (and of the run): where validation goes."""
+        if self.step == self.total_steps - 1:
+            return True
+        return self.data is not None and (self.step + 1) % self.data.steps_per_epoch == 0
+
+    def micro_batches(self, batch: Any) -> Iterator[Any]:
+        """`batch` cut into `ddp.accumulate` equal micro-batches; every DDP module made by `ctx.ddp`
+        skips the gradient all-reduce (`no_sync`) in all but the last. Run forward and backward of
+        each inside the loop over them, with the loss divided by `loop.accumulate`."""
+        parts = split(batch, self.accumulate)
+        for index, part in enumerate(parts):
+            with ExitStack() as stack:
+                if index < len(parts) - 1:
+                    for module in self._ddp_modules:
+                        stack.enter_context(module.no_sync())
+                yield part
 
     def _resume(self) -> None:
         from slurmddp.job.checkpoint import restore_rng_state
@@ -87,21 +150,78 @@ class TrainLoop:
         if info is None:
             return
         shared, local = self.store.load(info)
-        for name, obj in self.objects.items():
-            obj.load_state_dict(shared[name])
-        self.extra.update(shared.get("extra", {}))
+        self._check_settings(shared.get("loop"), info)
+        self._apply(shared)
         restore_rng_state(local["rng"])
+        self._resumed = info
         self.step = self._saved_step = self.first_step = info.step
         if self.rank == 0:
+            _drop_metrics_from(self.run_dir / METRICS, info.step)
             print(f"slurmddp: resumed from {info.path} at step {info.step}", flush=True)
 
-    def __iter__(self) -> Iterator[int]:
+    def _apply(self, shared: Mapping[str, Any]) -> None:
+        for name, obj in self.objects.items():
+            obj.load_state_dict(shared[name])
+        self.extra.clear()
+        self.extra.update(shared.get("extra", {}))
+
+    def _check_settings(self, saved: Any, info: CheckpointInfo) -> None:
+        if saved is None or saved == self.settings:
+            return
+        changed = sorted(key for key in {*saved, *self.settings} if saved.get(key) != self.settings.get(key))
+        shown = "; ".join(f"{k}: {saved.get(k)} then, {self.settings.get(k)} now" for k in changed)
+        raise CheckpointError(
+            f"{info.path} was saved with other training settings ({shown}): resuming would not continue "
+            "that run; restore them, or start a new run (a new output_dir or a fresh submit)"
+        )
+
+    def __iter__(self) -> Iterator[Any]:
+        primes = self._primes_needed()
         while self.step < self.total_steps:
             self._boundary()
-            yield self.step
+            batch = self.data.batch(self.step) if self.data is not None else None
+            if primes:
+                yield from self._prime(primes, batch)
+                primes = 0
+            yield self.step if self.data is None else (self.step, batch)
+            if self.data is not None:
+                self.data.advance()
             self.step += 1
         self.store.wait()
         self._drain()
+
+    def _primes_needed(self) -> int:
+        """Priming steps a resumed attempt runs: DDP rebuilds its buckets after one backward (two
+        with static_graph) unless it looks for unused parameters; one rank has nothing to order."""
+        if self._resumed is None:
+            return 0
+        needed = [
+            2 if module.static_graph else 1
+            for module in self._ddp_modules
+            if module.process_group.size() > 1 and not module.find_unused_parameters
+        ]
+        return max(needed, default=0)
+
+    def _prime(self, primes: int, batch: Any) -> Iterator[Any]:
+        from slurmddp.job.checkpoint import capture_rng_state, restore_rng_state
+
+        assert self._resumed is not None
+        # The RNG as the uninterrupted run had it when its step began: drawing the batch (on the
+        # main process, without workers) may have used it.
+        rng = capture_rng_state()
+        self.priming = True
+        try:
+            for _ in range(primes):
+                # A copy: the step may change its batch in place, and the real step needs it whole.
+                yield self.step if self.data is None else (self.step, copy.deepcopy(batch))
+        finally:
+            self.priming = False
+        shared, _ = self.store.load(self._resumed, verify_checksums=False)
+        self._apply(shared)
+        restore_rng_state(rng)
+        for module in self._ddp_modules:
+            for param in module.parameters():
+                param.grad = None
 
     def save(self) -> None:
         """Checkpoint the state after `self.step` steps (every rank must call it at the same step)."""
@@ -114,6 +234,7 @@ class TrainLoop:
         if self.rank == 0:
             shared = {name: obj.state_dict() for name, obj in self.objects.items()}
             shared["extra"] = dict(self.extra)
+            shared["loop"] = dict(self.settings)
         self.store.save(self.step, shared, {"rng": capture_rng_state()})
         self.store.prune()
         self.last_save_s = time.perf_counter() - started
@@ -160,7 +281,14 @@ class TrainLoop:
         now = time.monotonic()
         if now - self._progress_at >= PROGRESS_EVERY_S:
             self._progress_at = now
-            record = {"step": self.step, "time": time.time(), "last_save_s": round(self.last_save_s, 3)}
+            record = {
+                "step": self.step,
+                "total_steps": self.total_steps,
+                "epoch": self.epoch,
+                "epochs": self.epochs,
+                "time": time.time(),
+                "last_save_s": round(self.last_save_s, 3),
+            }
             write_json(self.run_dir / PROGRESS, {**record, **self.attempt})
 
     def _record_stop(self, signum: int) -> None:
@@ -174,3 +302,25 @@ class TrainLoop:
                 **self.attempt,
             }
             write_json(self.run_dir / STOP, record)
+
+
+def _drop_metrics_from(path: Path, step: int) -> None:
+    """Keep only the records of steps before `step`: the ones after it were logged by an attempt
+    that went on past its last checkpoint, and this attempt logs those steps again."""
+    try:
+        lines = path.read_text().splitlines()
+    except FileNotFoundError:
+        return
+    kept = [line for line in lines if _step_of(line) < step]
+    if len(kept) != len(lines):
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text("".join(line + "\n" for line in kept))
+        tmp.replace(path)
+
+
+def _step_of(line: str) -> float:
+    """A record's step; a line torn by a killed writer counts as past every step."""
+    try:
+        return float(json.loads(line)["step"])
+    except (ValueError, KeyError, TypeError):
+        return float("inf")

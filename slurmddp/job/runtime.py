@@ -155,6 +155,8 @@ def _run_function(spec: RankSpec, dist: DistEnv, function: Callable[[RunContext]
         except Exception as exc:
             _record_failure(spec, dist, ctx, exc)
             raise
+        finally:
+            ctx.close()
         _check_json(result, spec.function)
         gathered: list[Any] = [None] * dist.world_size
         tdist.all_gather_object(gathered, result)

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import QUICKSTART, ROOT, only_run, run_dirs, slurmddp
+from conftest import QUICKSTART, ROOT, SYNTHETIC, only_run, run_dirs, slurmddp
 from fake_sysfs import build_dgx_h100
 
 TORCHRUN = ROOT / "examples" / "torchrun_script.yaml"
@@ -25,12 +25,12 @@ def job_ranks(run_dir: Path, name: str = "ranks.json") -> list[dict[str, Any]]:
     return ranks
 
 
-def test_quickstart_two_nodes_matches_single_process(slurm_env: dict[str, str], tmp_path: Path) -> None:
+def test_synthetic_two_nodes_matches_single_process(slurm_env: dict[str, str], tmp_path: Path) -> None:
     import torch
 
     out = tmp_path / "multi"
     proc = slurmddp(
-        slurm_env, tmp_path, "submit", str(QUICKSTART), STEPS, FLOAT64, f"output_dir={out}", "--wait"
+        slurm_env, tmp_path, "submit", str(SYNTHETIC), STEPS, FLOAT64, f"output_dir={out}", "--wait"
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "ended COMPLETED" in proc.stdout and "[rank 0] step 0 loss" in proc.stdout
@@ -44,7 +44,7 @@ def test_quickstart_two_nodes_matches_single_process(slurm_env: dict[str, str], 
         slurm_env,
         tmp_path,
         "submit",
-        str(QUICKSTART),
+        str(SYNTHETIC),
         STEPS,
         FLOAT64,
         f"output_dir={single_out}",
@@ -118,7 +118,7 @@ def test_dryrun_shows_the_script_that_is_submitted(
     slurm_env: dict[str, str], tmp_path: Path, slurm_wait: Callable[..., str]
 ) -> None:
     out = tmp_path / "runs"
-    args = [str(QUICKSTART), "train.steps=5", f"output_dir={out}"]
+    args = [str(SYNTHETIC), "train.steps=5", f"output_dir={out}"]
     dry = slurmddp(slurm_env, tmp_path, "dryrun", *args)
     assert dry.returncode == 0, dry.stderr
     dry_run_dir = dry.stdout.strip().splitlines()[-1].rsplit(" ", 1)[-1]

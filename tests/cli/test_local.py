@@ -24,10 +24,10 @@ def submit(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_local_quickstart_completes_with_identical_ranks(tmp_path: Path) -> None:
-    proc = submit(tmp_path, str(ROOT / "examples" / "quickstart.yaml"), "train.steps=20", "resources.nodes=1")
+    proc = submit(tmp_path, str(ROOT / "examples" / "synthetic.yaml"), "train.steps=20", "resources.nodes=1")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "ended COMPLETED" in proc.stdout
-    (result_file,) = (tmp_path / "runs").glob("quickstart/*/result.json")
+    (result_file,) = (tmp_path / "runs").glob("synthetic/*/result.json")
     result = json.loads(result_file.read_text())
     assert result["world_size"] == 2 and len({r["param_sha256"] for r in result["ranks"]}) == 1
     assert result["result"]["steps"] == 20
@@ -62,7 +62,7 @@ def rank_pids(run: Path) -> list[int]:
 def test_stop_signal_saves_and_resumes_bit_exact(tmp_path: Path) -> None:
     """USR2 to every rank mid-run: they stop at one step, save, restart and finish with the
     parameters of an uninterrupted run, bit for bit."""
-    args = (str(ROOT / "examples" / "quickstart.yaml"), "train.steps=1200", "resources.nodes=1")
+    args = (str(ROOT / "examples" / "synthetic.yaml"), "train.steps=1200", "resources.nodes=1")
     (tmp_path / "ref").mkdir()
     reference = submit(tmp_path / "ref", *args)
     assert reference.returncode == 0, reference.stdout + reference.stderr
@@ -79,7 +79,7 @@ def test_stop_signal_saves_and_resumes_bit_exact(tmp_path: Path) -> None:
     while not progress or json.loads(progress[0].read_text())["step"] < 200:
         assert time.monotonic() < deadline and proc.poll() is None, "the run ended or stalled before step 200"
         time.sleep(0.2)
-        progress = list(out.glob("runs/quickstart/*/progress.json"))
+        progress = list(out.glob("runs/synthetic/*/progress.json"))
     run = progress[0].parent
     for pid in rank_pids(run):
         os.kill(pid, signal.SIGUSR2)
@@ -89,7 +89,7 @@ def test_stop_signal_saves_and_resumes_bit_exact(tmp_path: Path) -> None:
     assert f"resumed from {run / 'checkpoints'}/step-{stopped:08d} at step {stopped}" in log
     digests = {
         json.loads(p.read_text())["result"]["param_sha256"]
-        for p in (*(tmp_path / "ref" / "runs").glob("quickstart/*/result.json"), run / "result.json")
+        for p in (*(tmp_path / "ref" / "runs").glob("synthetic/*/result.json"), run / "result.json")
     }
     assert len(digests) == 1, "the interrupted run ended with other parameters"
 

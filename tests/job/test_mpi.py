@@ -124,7 +124,7 @@ def test_mpiexec_runs_a_four_rank_ddp_job(tmp_path: Path) -> None:
             "-m",
             "slurmddp",
             "mpilaunch",
-            str(ROOT / "examples" / "quickstart.yaml"),
+            str(ROOT / "examples" / "synthetic.yaml"),
             "train.steps=10",
             f"output_dir={out}",
         ],
@@ -136,7 +136,7 @@ def test_mpiexec_runs_a_four_rank_ddp_job(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "slurmddp: ranks from MPI (MPICH" in proc.stdout and ": 4 on 1 node(s)" in proc.stdout
     assert "slurmddp: preflight ok" in proc.stdout
-    (found,) = out.glob("quickstart/*/result.json")
+    (found,) = out.glob("synthetic/*/result.json")
     result = json.loads(found.read_text())
     assert result["world_size"] == 4 and len(result["ranks"]) == 4
     assert len({r["param_sha256"] for r in result["ranks"]}) == 1, "ranks ended with different parameters"

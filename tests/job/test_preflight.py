@@ -150,7 +150,7 @@ def submit_local(cwd: Path, *overrides: str) -> subprocess.CompletedProcess[str]
             "-m",
             "slurmddp",
             "submit",
-            str(ROOT / "examples" / "quickstart.yaml"),
+            str(ROOT / "examples" / "synthetic.yaml"),
             "executor=local",
             "resources.nodes=1",
             "train.steps=3",
@@ -167,7 +167,7 @@ def submit_local(cwd: Path, *overrides: str) -> subprocess.CompletedProcess[str]
 def test_local_ranks_pass_the_preflight_quickly(tmp_path: Path) -> None:
     proc = submit_local(tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    (found,) = (tmp_path / "runs").glob("quickstart/*/preflight.json")
+    (found,) = (tmp_path / "runs").glob("synthetic/*/preflight.json")
     record = json.loads(found.read_text())
     assert record["ok"] and record["bytes"] == MB4 and len(record["ranks"]) == 2
     assert all(r["sum_ok"] for r in record["ranks"])
@@ -180,4 +180,4 @@ def test_local_forced_failure_names_the_host_and_stops(tmp_path: Path) -> None:
     proc = submit_local(tmp_path, f"preflight.fail_on_host={host}", "dist.timeout_s=60")
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert f"preflight failed: {host}: failed on purpose" in proc.stdout
-    assert not list((tmp_path / "runs").glob("quickstart/*/result.json"))
+    assert not list((tmp_path / "runs").glob("synthetic/*/result.json"))

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import QUICKSTART, ROOT, slurmddp, wait_for_job, wait_until
+from conftest import ROOT, SYNTHETIC, slurmddp, wait_for_job, wait_until
 
 STEPS = 1000
 COMMON = [f"train.steps={STEPS}", "train.log_every=100"]
@@ -21,7 +21,7 @@ COMMON = [f"train.steps={STEPS}", "train.log_every=100"]
 pytestmark = pytest.mark.slurm
 
 
-def submit(env: dict[str, str], out: Path, *overrides: str, experiment: Path = QUICKSTART) -> Path:
+def submit(env: dict[str, str], out: Path, *overrides: str, experiment: Path = SYNTHETIC) -> Path:
     proc = subprocess.run(
         [sys.executable, "-m", "slurmddp", "submit", str(experiment), *overrides, f"output_dir={out}"],
         env=env,

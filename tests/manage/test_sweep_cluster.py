@@ -31,10 +31,10 @@ def user_env(slurm_env: dict[str, str], tmp_path: Path) -> dict[str, str]:
 
 
 def workdir(tmp_path: Path) -> Path:
-    """A submit directory holding the quickstart's training code."""
+    """A submit directory holding the synthetic example's training code."""
     work = tmp_path / "work"
     work.mkdir()
-    (work / "quickstart_train.py").write_text((ROOT / "examples" / "quickstart_train.py").read_text())
+    (work / "synthetic_train.py").write_text((ROOT / "examples" / "synthetic_train.py").read_text())
     return work
 
 
@@ -179,7 +179,7 @@ def test_a_preempted_element_alone_is_requeued_and_resumes_exactly(
     work = workdir(tmp_path)
     # Three elements that train identically (train.tag is read by nobody), each filling a node.
     (work / "same.yaml").write_text(
-        "entrypoint: quickstart_train.py:train\n"
+        "entrypoint: synthetic_train.py:train\n"
         "resources: {nodes: 1, tasks_per_node: 2, cpus_per_task: 2, time: '00:10:00'}\n"
         "train: {steps: 300, global_batch: 64, width: 128, classes: 10, lr: 0.05, momentum: 0.9,\n"
         "        seed: 0, dtype: float32, log_every: 100}\n"
