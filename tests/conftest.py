@@ -242,3 +242,17 @@ def write_sweep(tmp_path: Path, sweep: str, extra: str = "") -> Path:
         f"entrypoint: train.py:main\n{extra}train: {{lr: 0.1, width: 8, label: x}}\nsweep: {sweep}\n"
     )
     return exp
+
+
+def local_rank_pids(run: Path) -> list[int]:
+    """PIDs of the rank processes of `run` (started by this test's submission)."""
+    logs = str(run / "logs").encode()
+    pids = []
+    for entry in Path("/proc").iterdir():
+        try:
+            cmdline = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"submitit.core._submit" in cmdline and logs in cmdline:
+            pids.append(int(entry.name))
+    return pids

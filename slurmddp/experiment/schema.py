@@ -299,6 +299,12 @@ class Trackers:
 
     def __post_init__(self) -> None:
         _one_line("trackers.mlflow_uri", self.mlflow_uri)
+        for key in ("mlflow", "wandb"):
+            if getattr(self, key) and importlib.util.find_spec(key) is None:
+                raise ConfigError(
+                    f"trackers.{key}: true needs the {key} package, which this Python cannot import; "
+                    f"install it (pip install 'slurmddp[{key}]') or set trackers.{key}: false"
+                )
 
 
 @dataclass(kw_only=True)

@@ -115,7 +115,7 @@ class TrainLoop:
     @property
     def epoch(self) -> int:
         """The epoch of the current step (0 without `data`)."""
-        return self.data.epoch_of(self.step) if self.data is not None else 0
+        return self.data.epoch_of(min(self.step, self.total_steps - 1)) if self.data is not None else 0
 
     @property
     def epochs(self) -> int | None:
@@ -187,6 +187,8 @@ class TrainLoop:
             if self.data is not None:
                 self.data.advance()
             self.step += 1
+        if self.rank == 0:
+            self._progress(force=True)
         self.store.wait()
         self._drain()
 
@@ -277,9 +279,9 @@ class TrainLoop:
             self._pending.wait()
             self._pending = None
 
-    def _progress(self) -> None:
+    def _progress(self, force: bool = False) -> None:
         now = time.monotonic()
-        if now - self._progress_at >= PROGRESS_EVERY_S:
+        if force or now - self._progress_at >= PROGRESS_EVERY_S:
             self._progress_at = now
             record = {
                 "step": self.step,

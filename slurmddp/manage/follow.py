@@ -33,7 +33,7 @@ FINAL_OK: JobState = "COMPLETED"
 PLAIN_EVERY_S = 10.0
 """Off a terminal: the least time between two progress lines."""
 MAX_METRICS = 4
-"""Metrics shown on the progress line (the first ones of the latest record): more would not fit."""
+"""Metrics shown on the progress line (the first ones logged): more would not fit."""
 RATE_SMOOTHING = 0.3
 """Weight of the newest speed: rank 0 writes progress.json every ~2 s, so a few records' average
 steadies the ETA without hiding a change of speed for long."""
@@ -60,8 +60,8 @@ def follow(sub: Submission, out: TextIO, poll_s: float = 1.0) -> JobState:
 
 
 def progress_line(progress: Mapping[str, Any], metrics: Mapping[str, Any], rate: float | None) -> str:
-    """The progress line from rank 0's latest progress.json, the latest metrics.jsonl record and the
-    speed in steps per second (None: not known yet)."""
+    """The progress line from rank 0's latest progress.json, the latest metric values (a
+    metrics.jsonl record, or several merged) and the speed in steps per second (None: not known)."""
     step = int(progress["step"])
     total = progress.get("total_steps")
     parts = [f"step {step}"]
@@ -70,9 +70,9 @@ def progress_line(progress: Mapping[str, Any], metrics: Mapping[str, Any], rate:
     parts.append(f"{_rate(rate)} steps/s")
     eta = (total - step) / rate if total and rate else None
     parts.append(f"ETA {_duration(eta)}")
-    if progress.get("epoch") is not None:
-        epochs = progress.get("epochs")
-        parts.append(f"epoch {progress['epoch']}" + (f"/{epochs}" if epochs is not None else ""))
+    # The loop counts epochs from 0, and reports epoch 0 of no epochs when it is not given `data`.
+    if progress.get("epochs") is not None:
+        parts.append(f"epoch {int(progress['epoch']) + 1}/{progress['epochs']}")
     parts.append(f"attempt {int(progress.get('restart_count', 0)) + 1}")
     shown = format_metrics(metrics)
     if shown:
@@ -80,11 +80,11 @@ def progress_line(progress: Mapping[str, Any], metrics: Mapping[str, Any], rate:
     return "  ".join(parts)
 
 
-def format_metrics(record: Mapping[str, Any]) -> str:
-    """`loss=0.4123 val_acc=0.9500`: the first MAX_METRICS numbers of a record, to 4 significant digits."""
+def format_metrics(values: Mapping[str, Any]) -> str:
+    """`loss=0.4123 val_acc=0.9500`: the first MAX_METRICS numbers, to 4 significant digits."""
     numbers = [
         (name, value)
-        for name, value in record.items()
+        for name, value in values.items()
         if name not in ("step", "time") and isinstance(value, (int, float)) and not isinstance(value, bool)
     ]
     # `#` keeps trailing zeros, so the line does not jitter as digits come and go; it also leaves a
@@ -100,7 +100,7 @@ def _rate(rate: float | None) -> str:
 
 
 def _duration(seconds: float | None) -> str:
-    if seconds is None or not math.isfinite(seconds):
+    if seconds is None:
         return "?"
     minutes, secs = divmod(max(round(seconds), 0), 60)
     hours, minutes = divmod(minutes, 60)
@@ -132,26 +132,29 @@ class StepRate:
 
 
 class LatestMetrics:
-    """The last record of metrics.jsonl, read incrementally: the file grows for the whole run."""
+    """The latest value of each metric in metrics.jsonl, in the order the names first came.
+
+    Values, not the last record: a loop that logs `loss` every step and `val_acc` once an epoch
+    writes them in separate records, and the line shows both. The file grows for the whole run,
+    so it is read on from where the last read stopped."""
 
     def __init__(self, path: Path) -> None:
         self._tail = _Tail(path)
-        self.record: dict[str, Any] = {}
+        self.values: dict[str, Any] = {}
 
     def read(self) -> dict[str, Any]:
         lines = self._tail.new_lines()
         if self._tail.rewound:
             # A resumed attempt rewrote the file without the records past its checkpoint.
-            self.record = {}
-        for line in reversed(lines):
+            self.values = {}
+        for line in lines:
             try:
                 record = json.loads(line)
             except ValueError:
-                continue
+                continue  # a line cut short by a killed rank 0
             if isinstance(record, dict):
-                self.record = record
-                break
-        return self.record
+                self.values.update(record)
+        return self.values
 
 
 class _View(Protocol):
@@ -203,7 +206,7 @@ class _Progress:
         self.record: dict[str, Any] | None = None
 
     def line(self) -> str | None:
-        # Not written yet: the previous record stands.
+        # Not written yet, or unreadable: the previous record stands.
         with contextlib.suppress(OSError, ValueError):
             self.record = json.loads(self.path.read_text())
         if self.record is None:

@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from conftest import ROOT
+from conftest import ROOT, local_rank_pids
 
 
 def submit(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -45,20 +45,6 @@ def test_a_failing_rank_fails_the_run(tmp_path: Path) -> None:
     assert not list((tmp_path / "runs").glob("boom/*/result.json"))
 
 
-def rank_pids(run: Path) -> list[int]:
-    """PIDs of the rank processes of `run` (started by this test's submission)."""
-    logs = str(run / "logs").encode()
-    pids = []
-    for entry in Path("/proc").iterdir():
-        try:
-            cmdline = (entry / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if b"submitit.core._submit" in cmdline and logs in cmdline:
-            pids.append(int(entry.name))
-    return pids
-
-
 def test_stop_signal_saves_and_resumes_bit_exact(tmp_path: Path) -> None:
     """USR2 to every rank mid-run: they stop at one step, save, restart and finish with the
     parameters of an uninterrupted run, bit for bit."""
@@ -81,7 +67,7 @@ def test_stop_signal_saves_and_resumes_bit_exact(tmp_path: Path) -> None:
         time.sleep(0.2)
         progress = list(out.glob("runs/synthetic/*/progress.json"))
     run = progress[0].parent
-    for pid in rank_pids(run):
+    for pid in local_rank_pids(run):
         os.kill(pid, signal.SIGUSR2)
     assert proc.wait(timeout=300) == 0
     log = "".join(p.read_text() for p in (run / "logs").glob("*_0_log.out"))

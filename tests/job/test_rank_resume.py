@@ -21,7 +21,8 @@ TRAIN = Path(__file__).resolve().parent / "resume_train.py"
 DRIVER = """
 import json, sys
 from pathlib import Path
-from slurmddp.experiment.schema import Dist, Preflight
+from omegaconf import OmegaConf
+from slurmddp.experiment.schema import Dist, Experiment, Preflight
 from slurmddp.job.runtime import run_rank
 from slurmddp.job.spec import RankSpec
 
@@ -29,7 +30,7 @@ run_dir = Path(sys.argv[1])
 spec = RankSpec(
     function=sys.argv[2], script=None, args=(), workdir=str(run_dir), run_dir=str(run_dir),
     checkpoint_dir=str(run_dir / "checkpoints"),
-    config={"checkpoint": {"keep_last": 2, "async_save": False, "every_steps": 0, "every_minutes": 0}},
+    config=OmegaConf.to_container(OmegaConf.structured(Experiment)),
     dist=Dist(timeout_s=120), preflight=Preflight(), env={}, fabric_profile="auto",
     stop_signals=("USR2", "TERM"), executor="local",
 )

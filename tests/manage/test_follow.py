@@ -12,7 +12,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, cast
+from typing import cast
 
 import pytest
 
@@ -23,7 +23,8 @@ from slurmddp.submit.submitter import Submission
 
 
 def test_the_line_says_step_speed_eta_epoch_attempt_and_metrics() -> None:
-    progress = {"step": 1200, "time": 1.0, "restart_count": 1, "total_steps": 5000, "epoch": 3, "epochs": 10}
+    # The loop counts epochs from 0; the line, from 1.
+    progress = {"step": 1200, "time": 1.0, "restart_count": 1, "total_steps": 5000, "epoch": 2, "epochs": 10}
     metrics = {"step": 1200, "time": 1.0, "loss": 0.412345, "val_acc": 0.95}
     assert progress_line(progress, metrics, 40.0) == (
         "step 1200/5000 (24%)  40 steps/s  ETA 0:01:35  epoch 3/10  attempt 2  loss=0.4123 val_acc=0.9500"
@@ -35,8 +36,9 @@ def test_a_run_without_total_epochs_or_metrics_shows_what_it_knows() -> None:
     old = {"step": 7, "time": 1.0, "last_save_s": 0.0, "job_id": "5", "restart_count": 0}
     assert progress_line(old, {}, None) == "step 7  ? steps/s  ETA ?  attempt 1"
     assert progress_line(old, {}, 2.5) == "step 7  2.5 steps/s  ETA ?  attempt 1"
-    unknown_epochs = {**old, "total_steps": 10, "epoch": 2, "epochs": None}
-    assert progress_line(unknown_epochs, {}, None) == "step 7/10 (70%)  ? steps/s  ETA ?  epoch 2  attempt 1"
+    # A loop without `data` has no epochs.
+    no_epochs = {**old, "total_steps": 10, "epoch": 0, "epochs": None}
+    assert progress_line(no_epochs, {}, None) == "step 7/10 (70%)  ? steps/s  ETA ?  attempt 1"
 
 
 def test_eta_counts_hours_past_a_day_and_speed_keeps_three_digits() -> None:
@@ -50,7 +52,8 @@ def test_eta_counts_hours_past_a_day_and_speed_keeps_three_digits() -> None:
 
 
 def test_metrics_are_the_first_four_numbers_to_four_digits() -> None:
-    record = {"step": 3, "time": 9.0, "loss": 1234.5, "acc": 1, "note": "x", "ok": True, "lr": 3e-05, "a": 2, "b": 3}
+    numbers = {"loss": 1234.6, "acc": 1, "note": "x", "ok": True, "lr": 3e-05, "a": 2, "b": 3}
+    record = {"step": 3, "time": 9.0, **numbers}
     assert format_metrics(record) == "loss=1235 acc=1.000 lr=3.000e-05 a=2.000"
     assert format_metrics({"step": 1, "time": 2.0}) == ""
 
@@ -69,7 +72,7 @@ def test_speed_is_smoothed_within_an_attempt_and_starts_over_with_the_next() -> 
     assert rate.update({"step": 10, "time": 400.0}) is None
 
 
-def test_latest_metrics_reads_on_from_where_it_was_and_through_rewrites(tmp_path: Path) -> None:
+def test_latest_metrics_reads_on_from_where_it_stopped_and_through_rewrites(tmp_path: Path) -> None:
     path = tmp_path / "metrics.jsonl"
     latest = LatestMetrics(path)
     assert latest.read() == {}
@@ -82,11 +85,15 @@ def test_latest_metrics_reads_on_from_where_it_was_and_through_rewrites(tmp_path
     with path.open("a") as handle:
         handle.write(lines[0][10:] + "\n")
     assert latest.read()["step"] == 0
+    # A metric logged in its own record (validation, once an epoch) joins the others.
+    with path.open("a") as handle:
+        handle.write(json.dumps({"step": 0, "time": 0.0, "val_acc": 0.5}) + "\n")
+    assert latest.read() == {"step": 0, "time": 0.0, "loss": 1.0, "val_acc": 0.5}
 
     # A resumed attempt drops the records past its checkpoint: the file, cut short in place...
     with path.open("r+") as handle:
         handle.truncate(len("\n".join(lines[:40])) + 1)
-    assert latest.read()["step"] == 39
+    assert latest.read() == {"step": 39, "time": 0.0, "loss": 1 / 40}
     # ...or replaced by a rename, even by one that already grew past where the reader was.
     replacement = tmp_path / "new.jsonl"
     replacement.write_text("\n".join(lines[:30] + lines[:90]) + "\n")
@@ -188,11 +195,11 @@ def test_off_a_terminal_progress_comes_as_plain_lines_now_and_then(
     assert "slurmddp: job 77 RUNNING" in text
     assert text.splitlines()[-1].startswith("slurmddp: job 77 ended COMPLETED")
     shown = progress_lines(text)
-    # ~1.1 s of progress records every ~30 ms: a line at most every 0.25 s, and the last one.
-    assert 2 <= len(shown) <= 8, text
+    # 51 progress records ~30 ms apart, each a new line: throttled to one every 0.25 s, and the last.
+    assert 2 <= len(shown) <= 15, text
     assert shown[0].startswith("slurmddp: step ") and "attempt 1" in shown[0]
     assert shown[-1].startswith("slurmddp: step 30/30 (100%)")
-    assert shown[-1].endswith("ETA 0:00:00  epoch 0/1  attempt 2  loss=0.03226")
+    assert shown[-1].endswith("ETA 0:00:00  epoch 1/1  attempt 2  loss=0.03226")
 
 
 def test_on_a_terminal_progress_is_one_line_redrawn_below_the_output(tmp_path: Path, terminal: None) -> None:
@@ -203,4 +210,5 @@ def test_on_a_terminal_progress_is_one_line_redrawn_below_the_output(tmp_path: P
     assert "  [rank 0] [bold]hello[/bold] from the training code" in text
     assert "slurmddp: job 77 RUNNING" in text
     assert "slurmddp: step 30/30 (100%)" in text and "attempt 2" in text
-    assert text.splitlines()[-1].startswith("slurmddp: job 77 ended COMPLETED")
+    # The line stays once the job ended; the verdict comes below it (after rich shows the cursor again).
+    assert "slurmddp: job 77 ended COMPLETED (" in text.splitlines()[-1]
