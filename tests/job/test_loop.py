@@ -1,0 +1,61 @@
+"""The loop's bookkeeping around a resume, without a process group: what a checkpoint was saved
+with must match, and metrics logged past the checkpoint are dropped."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from slurmddp.errors import CheckpointError
+from slurmddp.job.checkpoint import CheckpointStore, capture_rng_state
+from slurmddp.job.loop import TrainLoop, _drop_metrics_from
+
+
+def make_loop(run_dir: Path, settings: dict[str, Any], model: torch.nn.Module) -> TrainLoop:
+    store = CheckpointStore(run_dir / "checkpoints", rank=0, world_size=1, attempt="1-0")
+    return TrainLoop(
+        total_steps=10,
+        rank=0,
+        device=torch.device("cpu"),
+        run_dir=run_dir,
+        store=store,
+        every_steps=0,
+        every_minutes=0,
+        restart_count=0,
+        job_id="1",
+        objects={"model": model},
+        extra={},
+        data=None,
+        ddp_modules=[],
+        accumulate=int(settings.get("accumulate", 1)),
+        settings=settings,
+    )
+
+
+def save_at(run_dir: Path, step: int, settings: dict[str, Any], model: torch.nn.Module) -> None:
+    store = CheckpointStore(run_dir / "checkpoints", rank=0, world_size=1, attempt="1-0")
+    shared = {"model": model.state_dict(), "extra": {}, "loop": settings}
+    store.save(step, shared, {"rng": capture_rng_state()})
+
+
+def test_a_resume_with_other_training_settings_is_refused_with_both_values(tmp_path: Path) -> None:
+    model = torch.nn.Linear(2, 2)
+    save_at(tmp_path, 4, {"accumulate": 1, "autocast": "none"}, model)
+    with pytest.raises(CheckpointError, match=r"accumulate: 1 then, 2 now"):
+        make_loop(tmp_path, {"accumulate": 2, "autocast": "none"}, model)
+    loop = make_loop(tmp_path, {"accumulate": 1, "autocast": "none"}, model)
+    assert loop.first_step == loop.step == 4
+
+
+def test_metrics_past_the_checkpoint_are_dropped_and_a_torn_line_with_them(tmp_path: Path) -> None:
+    path = tmp_path / "metrics.jsonl"
+    records = [{"step": s, "loss": 1.0 / (s + 1)} for s in range(0, 12, 2)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in records) + '{"step": 1')
+    _drop_metrics_from(path, 6)
+    assert [json.loads(line)["step"] for line in path.read_text().splitlines()] == [0, 2, 4]
+    _drop_metrics_from(tmp_path / "none.jsonl", 6)
+    assert not (tmp_path / "none.jsonl").exists()
