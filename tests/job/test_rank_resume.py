@@ -1,7 +1,9 @@
 """A rank run by the runtime as Slurm would start it (one task, a fake Slurm environment), stopped
 by USR2 mid-run and started again as the requeued attempt: it must end on exactly the weights of
 an uninterrupted run. On the CPU with gloo always; on a GPU with NCCL, cuda:0, CUDA's RNG in the
-checkpoint and bf16 autocast where one is present (skipped otherwise)."""
+checkpoint and bf16 autocast where one is present (skipped otherwise). Two training functions: a
+small one drawing every batch from the RNG streams, and the quickstart (loader workers, pinned
+memory on a GPU, dropout, `ctx.autocast`, accumulation), stopped mid-epoch."""
 
 from __future__ import annotations
 
@@ -13,24 +15,34 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import QUICKSTART
 from resume_train import STOP_AT_ENV
 
 from slurmddp.defaults import LOCAL_REQUEUE_STATUS
 
-TRAIN = Path(__file__).resolve().parent / "resume_train.py"
+HERE = Path(__file__).resolve().parent
+TRAIN = f"{HERE / 'resume_train.py'}:train"
+QUICKSTART_TRAIN = f"{HERE / 'resume_quickstart.py'}:train"
+QUICKSTART_SETTINGS = [
+    "train.epochs=3",
+    "train.log_every=1",
+    "precision.autocast=bfloat16",
+    "ddp.accumulate=2",
+]
 DRIVER = """
 import json, sys
 from pathlib import Path
-from omegaconf import OmegaConf
-from slurmddp.experiment.schema import Dist, Experiment, Preflight
+from slurmddp.experiment.load import load_experiment
+from slurmddp.experiment.schema import Dist, Preflight
 from slurmddp.job.runtime import run_rank
 from slurmddp.job.spec import RankSpec
 
 run_dir = Path(sys.argv[1])
+loaded = load_experiment(Path(sys.argv[3]), json.loads(sys.argv[4]))
 spec = RankSpec(
     function=sys.argv[2], script=None, args=(), workdir=str(run_dir), run_dir=str(run_dir),
     checkpoint_dir=str(run_dir / "checkpoints"),
-    config=OmegaConf.to_container(OmegaConf.structured(Experiment)),
+    config=loaded.resolved,
     dist=Dist(timeout_s=120), preflight=Preflight(), env={}, fabric_profile="auto",
     stop_signals=("USR2", "TERM"), executor="local",
 )
@@ -39,7 +51,13 @@ print("RESULT " + json.dumps(run_rank(spec)), flush=True)
 
 
 def attempt(
-    run_dir: Path, job_id: int, restart: int, cuda: bool, stop_at: int = -1
+    run_dir: Path,
+    job_id: int,
+    restart: int,
+    cuda: bool,
+    stop_at: int = -1,
+    function: str = TRAIN,
+    overrides: tuple[str, ...] = (),
 ) -> dict[str, object] | None:
     """One attempt of the rank; its result, or None when it stopped to be run again."""
     env = {
@@ -61,7 +79,7 @@ def attempt(
         env["CUDA_VISIBLE_DEVICES"] = "0"
     run_dir.mkdir(parents=True, exist_ok=True)
     proc = subprocess.run(
-        [sys.executable, "-c", DRIVER, str(run_dir), f"{TRAIN}:train"],
+        [sys.executable, "-c", DRIVER, str(run_dir), function, str(QUICKSTART), json.dumps(overrides)],
         env=env,
         capture_output=True,
         text=True,
@@ -76,7 +94,7 @@ def attempt(
     return result
 
 
-@pytest.mark.parametrize(
+ON_CPU_AND_GPU = pytest.mark.parametrize(
     "cuda",
     [
         False,
@@ -86,6 +104,9 @@ def attempt(
     ],
     ids=["cpu-gloo", "cuda-nccl"],
 )
+
+
+@ON_CPU_AND_GPU
 def test_a_stopped_rank_resumes_onto_the_uninterrupted_weights(tmp_path: Path, cuda: bool) -> None:
     whole = attempt(tmp_path / "whole", 101, 0, cuda)
     assert whole is not None and whole["device"] == ("cuda:0" if cuda else "cpu")
@@ -98,3 +119,20 @@ def test_a_stopped_rank_resumes_onto_the_uninterrupted_weights(tmp_path: Path, c
     assert resumed is not None
     assert resumed["digest"] == whole["digest"] and resumed["loss"] == whole["loss"]
     assert resumed["device"] == whole["device"]
+
+
+@ON_CPU_AND_GPU
+def test_the_quickstart_stopped_mid_epoch_resumes_onto_the_uninterrupted_weights(
+    tmp_path: Path, cuda: bool
+) -> None:
+    settings = (*QUICKSTART_SETTINGS, f"train.global_batch={64 if cuda else 32}")
+    whole = attempt(tmp_path / "whole", 101, 0, cuda, function=QUICKSTART_TRAIN, overrides=settings)
+    assert whole is not None
+    # Steps per epoch: 1437 // 32 = 44 (// 64 = 22); step 30 is mid-epoch either way.
+    stopped = attempt(tmp_path / "stopped", 202, 0, cuda, 30, QUICKSTART_TRAIN, settings)
+    assert stopped is None
+    stop = json.loads((tmp_path / "stopped" / "stop.json").read_text())
+    resumed = attempt(tmp_path / "stopped", 202, 1, cuda, function=QUICKSTART_TRAIN, overrides=settings)
+    assert resumed is not None and 30 < stop["step"] < 44
+    assert resumed["param_sha256"] == whole["param_sha256"]
+    assert resumed["val_acc"] == whole["val_acc"] and resumed["val_loss"] == whole["val_loss"]

@@ -1,0 +1,252 @@
+"""The quickstart on the real cluster, driven only through `python -m slurmddp submit` as a user does:
+stopped twice by `high` partition jobs at steps drawn at random, it ends on the uninterrupted run bit
+for bit (parameters, validation history, every sample once an epoch) and its trackers read as one run;
+four ranks in float64 match one process; the README's first command learns the digits."""
+
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from conftest import QUICKSTART, only_run, slurmddp, wait_for_job
+from quickstart_runs import TRAIN_SAMPLES, assert_every_sample_once_per_epoch, result, validation_history
+
+pytestmark = pytest.mark.slurm
+
+EPOCHS = 5
+LAYOUTS = {
+    # world size: nodes, tasks per node, global batch (each rank's share even, for accumulate 2)
+    4: (2, 2, 64),
+    # 3 ranks: with two, a + b == b + a and a changed summation order would go unseen.
+    3: (3, 1, 66),
+}
+MIXED = ("train.workers=2", "train.record_samples=true", "precision.autocast=bfloat16", "ddp.accumulate=2")
+FLOAT64 = ("train.dtype=float64", "train.dropout=0", "train.record_samples=true", "train.epochs=3")
+RUN_TIMEOUT_S = 400
+HIGH_JOB = ("-p", "high", "-N", "3", "--exclusive", "-t", "1", "--wrap", "sleep 3")
+"""sbatch arguments of a job on the high partition that needs every core of every node."""
+
+
+def layout(world: int) -> tuple[str, ...]:
+    nodes, tasks_per_node, global_batch = LAYOUTS[world]
+    return (
+        f"resources.nodes={nodes}",
+        f"resources.tasks_per_node={tasks_per_node}",
+        f"train.global_batch={global_batch}",
+        f"train.epochs={EPOCHS}",
+        *MIXED,
+    )
+
+
+def submit(env: dict[str, str], out: Path, *overrides: str) -> Path:
+    """`python -m slurmddp submit` the quickstart (without --wait: it returns once queued)."""
+    proc = slurmddp(env, out.parent, "submit", str(QUICKSTART), *overrides, f"output_dir={out}", timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return only_run(out)
+
+
+def job_id(run: Path) -> str:
+    return str(json.loads((run / "manifest.json").read_text())["job_id"])
+
+
+def read_json(path: Path) -> dict[str, Any]:
+    try:
+        loaded: dict[str, Any] = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return loaded
+
+
+def ends(run: Path) -> list[dict[str, Any]]:
+    try:
+        lines = (run / "attempts.jsonl").read_text().splitlines()
+    except FileNotFoundError:
+        return []
+    return [record for line in lines if (record := json.loads(line))["event"] == "end"]
+
+
+def preempt(env: dict[str, str], tmp: Path) -> None:
+    """A job on the high partition that needs every core of every node."""
+    subprocess.run(
+        ["sbatch", "-o", str(tmp / "high-%j.out"), *HIGH_JOB],
+        env=env,
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+
+
+def wait_for(what: str, check: Any, run: Path, timeout: float = 240) -> None:
+    """Poll `check` until true; fail, naming `what`, if the run's job ended first or time ran out."""
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert not any(r["final"] for r in ends(run)), f"the job ended before {what}: {ends(run)}"
+        assert time.monotonic() < deadline, f"no {what} after {timeout:.0f}s"
+        time.sleep(0.2)
+
+
+def resumed_steps(run: Path) -> list[int]:
+    log = "".join(p.read_text() for p in sorted((run / "logs").glob("*_0_log.out")))
+    return [int(line.rsplit(" ", 1)[1]) for line in log.splitlines() if "slurmddp: resumed from" in line]
+
+
+def global_batches(run: Path) -> dict[int, list[int]]:
+    """step -> the sorted sample indices all ranks trained on at that step (train.record_samples)."""
+    batches: dict[int, list[int]] = defaultdict(list)
+    for path in (run / "samples").glob("rank-*.jsonl"):
+        for line in path.read_text().splitlines():
+            record = json.loads(line)
+            batches[record["step"]].extend(record["index"])
+    return {step: sorted(indices) for step, indices in batches.items()}
+
+
+def metric_records(run: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def series(records: list[dict[str, Any]], key: str) -> list[tuple[int, float]]:
+    return [(r["step"], r[key]) for r in records if key in r]
+
+
+@pytest.fixture(scope="module", params=sorted(LAYOUTS, reverse=True), ids=lambda world: f"{world}-ranks")
+def world(request: pytest.FixtureRequest) -> int:
+    world_size: int = request.param
+    return world_size
+
+
+@pytest.fixture(scope="module")
+def reference(world: int, slurm_env: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The uninterrupted run with the same settings."""
+    run = submit(slurm_env, tmp_path_factory.mktemp(f"reference-{world}") / "runs", *layout(world))
+    assert wait_for_job(job_id(run), slurm_env, timeout=RUN_TIMEOUT_S) == "COMPLETED"
+    return run
+
+
+def test_preempted_twice_at_random_steps_ends_bit_exact_with_one_tracker_run(
+    world: int, reference: Path, slurm_env: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    global_batch = LAYOUTS[world][2]
+    steps_per_epoch = TRAIN_SAMPLES // global_batch
+    # The first stop after the first few steps, the second one a drawn gap after the first stop.
+    first = random.randrange(3, 2 * steps_per_epoch)
+    gap = random.randrange(steps_per_epoch // 2, steps_per_epoch)
+    drawn = f"drawn: first stop at step >= {first}, second >= {gap} steps after the first"
+    print(drawn)
+    run = submit(slurm_env, tmp_path / "runs", *layout(world), "trackers.mlflow=true")
+    stopped: list[int] = []
+    mlflow_run_id = None
+    for attempt in range(2):
+        threshold = first if attempt == 0 else stopped[0] + gap
+
+        def reached(attempt: int = attempt, threshold: int = threshold) -> bool:
+            progress = read_json(run / "progress.json")
+            return progress.get("restart_count") == attempt and progress.get("step", -1) >= threshold
+
+        wait_for(f"step {threshold} in attempt {attempt} ({drawn}, stopped at {stopped})", reached, run)
+        if attempt == 0:
+            mlflow_run_id = read_json(run / "trackers.json").get("mlflow_run_id")
+            assert mlflow_run_id, "no MLflow run id before the first preemption"
+        preempt(slurm_env, tmp_path)
+        ended = len(ends(run))
+        wait_for(
+            f"the end of attempt {attempt} ({drawn})", lambda n=ended: len(ends(run)) > n, run, timeout=120
+        )
+        stopped.append(ends(run)[-1]["step"])
+    assert wait_for_job(job_id(run), slurm_env, timeout=RUN_TIMEOUT_S) == "COMPLETED"
+    where = f"{drawn}; stopped at steps {stopped}, {steps_per_epoch} steps an epoch"
+    print(where)
+
+    records = ends(run)
+    assert [r["reason"] for r in records] == ["preemption", "preemption", "completed"], (where, records)
+    assert resumed_steps(run) == stopped, (where, resumed_steps(run))
+    assert any(step % steps_per_epoch for step in stopped), f"no stop mid-epoch: {where}"
+    assert result(run)["result"]["param_sha256"] == result(reference)["result"]["param_sha256"], where
+    assert validation_history(run) == validation_history(reference), where
+    assert len(validation_history(run)) == EPOCHS
+    assert_every_sample_once_per_epoch(run, global_batch, EPOCHS)
+    # metrics.jsonl reads as the uninterrupted run: the same losses, each step once.
+    assert series(metric_records(run), "loss") == series(metric_records(reference), "loss"), where
+
+    assert_tensorboard_is_metrics_jsonl(run)
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    assert read_json(run / "trackers.json").get("mlflow_run_id") == mlflow_run_id, "a new MLflow run"
+    assert_mlflow_holds_one_run(run, mlflow_run_id)
+
+
+def assert_tensorboard_is_metrics_jsonl(run: Path) -> None:
+    """TensorBoard's own reader sees one run: every logged step once, the values of metrics.jsonl."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    reader = EventAccumulator(str(run / "tensorboard"))
+    reader.Reload()
+    records = metric_records(run)
+    keys = sorted({key for record in records for key in record} - {"step", "time"})
+    assert {"loss", "val_acc", "val_loss", "epoch"} <= set(keys), keys
+    assert sorted(reader.Tags()["scalars"]) == keys
+    for key in keys:
+        # Event files hold 32-bit floats.
+        expected = [(step, float(np.float32(value))) for step, value in series(records, key)]
+        assert [(e.step, e.value) for e in reader.Scalars(key)] == expected, key
+
+
+def assert_mlflow_holds_one_run(run: Path, run_id: str | None) -> None:
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri="file:" + str(run / "mlruns"))
+    experiments = [e.experiment_id for e in client.search_experiments()]
+    runs = client.search_runs(experiments)
+    assert [r.info.run_id for r in runs] == [run_id]
+    assert runs[0].info.status == "FINISHED"
+    history = sorted((m.step, m.value) for m in client.get_metric_history(run_id, "val_acc"))
+    assert history == [(step, acc) for step, acc, _ in validation_history(run)]
+
+
+def test_four_ranks_in_float64_match_one_process(slurm_env: dict[str, str], tmp_path: Path) -> None:
+    import torch
+
+    multi_out = tmp_path / "multi"
+    proc = slurmddp(
+        slurm_env, tmp_path, "submit", str(QUICKSTART), *FLOAT64, f"output_dir={multi_out}", "--wait",
+        timeout=RUN_TIMEOUT_S,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    multi = only_run(multi_out)
+    assert (result(multi)["world_size"], result(multi)["num_nodes"]) == (4, 2)
+
+    single_out = tmp_path / "single"
+    proc = slurmddp(
+        slurm_env, tmp_path, "submit", str(QUICKSTART), *FLOAT64, f"output_dir={single_out}",
+        "executor=local", "resources.nodes=1", "resources.tasks_per_node=1", timeout=RUN_TIMEOUT_S,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    single = only_run(single_out)
+    assert result(single)["world_size"] == 1
+
+    assert global_batches(multi) == global_batches(single), "the ranks trained on other global batches"
+    history, single_history = validation_history(multi), validation_history(single)
+    assert len(history) == 3
+    assert [(step, acc) for step, acc, _ in history] == [(step, acc) for step, acc, _ in single_history]
+    np.testing.assert_allclose([h[2] for h in history], [h[2] for h in single_history], rtol=1e-9)
+    multi_params = torch.load(multi / "final_model.pt")
+    for key, tensor in torch.load(single / "final_model.pt").items():
+        assert multi_params[key].dtype == torch.float64
+        torch.testing.assert_close(multi_params[key], tensor, rtol=1e-9, atol=1e-12)
+
+
+def test_the_readme_command_learns_the_digits_on_slurm(slurm_env: dict[str, str], tmp_path: Path) -> None:
+    proc = slurmddp(slurm_env, tmp_path, "submit", str(QUICKSTART), "--wait", timeout=RUN_TIMEOUT_S)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "ended COMPLETED" in proc.stdout, proc.stdout
+    run = only_run(tmp_path / "runs")
+    assert json.loads((run / "manifest.json").read_text())["executor"] == "slurm"
+    outcome = result(run)
+    assert (outcome["world_size"], outcome["num_nodes"]) == (4, 2)
+    assert outcome["result"]["val_acc"] > 0.8, outcome  # chance is 0.1
+    assert len(validation_history(run)) == 8
