@@ -31,7 +31,7 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from slurmddp.errors import CheckpointError
+from slurmddp.errors import CheckpointError, SlurmddpError
 from slurmddp.files import write_json
 from slurmddp.job import signals
 from slurmddp.job.data import Feed, split
@@ -110,6 +110,7 @@ class TrainLoop:
         self._progress_at = 0.0
         self._flags = torch.zeros(2, dtype=torch.int32, device=device)
         self._pending: Any = None
+        self._check_own_sampler()
         self._resume()
 
     @property
@@ -197,12 +198,28 @@ class TrainLoop:
         with static_graph) unless it looks for unused parameters; one rank has nothing to order."""
         if self._resumed is None:
             return 0
+        return self._primes_if_resumed()
+
+    def _primes_if_resumed(self) -> int:
         needed = [
             2 if module.static_graph else 1
             for module in self._ddp_modules
             if module.process_group.size() > 1 and not module.find_unused_parameters
         ]
         return max(needed, default=0)
+
+    def _check_own_sampler(self) -> None:
+        """A loader the step iterates itself would hand the priming step one batch and the real
+        step the next: refuse that at the start, not at the first resume."""
+        from slurmddp.job.sampler import ResumableDistributedSampler
+
+        own = [name for name, obj in self.objects.items() if isinstance(obj, ResumableDistributedSampler)]
+        if own and self.data is None and self._primes_if_resumed():
+            raise SlurmddpError(
+                f"ctx.loop({own[0]}=...): a resumed attempt runs its first step twice (a priming step "
+                "for DDP's buckets), and a loader you iterate in the step would move on by one batch; "
+                "give the loader as ctx.loop(data=ctx.loader(...)) and take the batch the loop yields"
+            )
 
     def _prime(self, primes: int, batch: Any) -> Iterator[Any]:
         from slurmddp.job.checkpoint import capture_rng_state, restore_rng_state

@@ -5,17 +5,24 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 import torch
 
-from slurmddp.errors import CheckpointError
+from slurmddp import ResumableDistributedSampler
+from slurmddp.errors import CheckpointError, SlurmddpError
 from slurmddp.job.checkpoint import CheckpointStore, capture_rng_state
 from slurmddp.job.loop import TrainLoop, _drop_metrics_from
 
+# What the loop reads of a DistributedDataParallel module over two ranks.
+TWO_RANK_DDP = SimpleNamespace(
+    static_graph=False, find_unused_parameters=False, process_group=SimpleNamespace(size=lambda: 2)
+)
 
-def make_loop(run_dir: Path, settings: dict[str, Any], model: torch.nn.Module) -> TrainLoop:
+
+def make_loop(run_dir: Path, settings: dict[str, Any], model: torch.nn.Module, **objects: Any) -> TrainLoop:
     store = CheckpointStore(run_dir / "checkpoints", rank=0, world_size=1, attempt="1-0")
     return TrainLoop(
         total_steps=10,
@@ -27,10 +34,10 @@ def make_loop(run_dir: Path, settings: dict[str, Any], model: torch.nn.Module) -
         every_minutes=0,
         restart_count=0,
         job_id="1",
-        objects={"model": model},
+        objects={"model": model, **objects},
         extra={},
         data=None,
-        ddp_modules=[],
+        ddp_modules=[TWO_RANK_DDP],
         accumulate=int(settings.get("accumulate", 1)),
         settings=settings,
     )
@@ -59,3 +66,9 @@ def test_metrics_past_the_checkpoint_are_dropped_and_a_torn_line_with_them(tmp_p
     assert [json.loads(line)["step"] for line in path.read_text().splitlines()] == [0, 2, 4]
     _drop_metrics_from(tmp_path / "none.jsonl", 6)
     assert not (tmp_path / "none.jsonl").exists()
+
+
+def test_a_sampler_iterated_by_the_step_is_refused_up_front(tmp_path: Path) -> None:
+    sampler = ResumableDistributedSampler(100, 2, 0)
+    with pytest.raises(SlurmddpError, match=r"ctx\.loop\(sampler=\.\.\.\).*data=ctx\.loader"):
+        make_loop(tmp_path, {}, torch.nn.Linear(2, 2), sampler=sampler)
