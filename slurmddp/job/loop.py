@@ -162,7 +162,16 @@ class TrainLoop:
 
     def _apply(self, shared: Mapping[str, Any]) -> None:
         for name, obj in self.objects.items():
-            obj.load_state_dict(shared[name])
+            if name in shared:
+                obj.load_state_dict(shared[name])
+            elif obj.state_dict():
+                # An object without state (a disabled GradScaler) may be missing from checkpoints
+                # written before it was kept; anything else would resume half-restored.
+                saved = sorted(set(shared) - {"extra", "loop"})
+                raise CheckpointError(
+                    f"the checkpoint has no state for {name!r} (it holds {saved}); pass the objects "
+                    "the run was started with to ctx.loop"
+                )
         self.extra.clear()
         self.extra.update(shared.get("extra", {}))
 

@@ -72,3 +72,13 @@ def test_a_sampler_iterated_by_the_step_is_refused_up_front(tmp_path: Path) -> N
     sampler = ResumableDistributedSampler(100, 2, 0)
     with pytest.raises(SlurmddpError, match=r"ctx\.loop\(sampler=\.\.\.\).*data=ctx\.loader"):
         make_loop(tmp_path, {}, torch.nn.Linear(2, 2), sampler=sampler)
+
+
+def test_an_object_the_checkpoint_lacks_is_refused_unless_it_has_no_state(tmp_path: Path) -> None:
+    model = torch.nn.Linear(2, 2)
+    save_at(tmp_path, 3, {}, model)
+    disabled = torch.amp.GradScaler("cpu", enabled=False)
+    assert make_loop(tmp_path, {}, model, scaler=disabled).first_step == 3
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(CheckpointError, match=r"no state for 'optimizer' \(it holds \['model'\]\)"):
+        make_loop(tmp_path, {}, model, optimizer=optimizer)
