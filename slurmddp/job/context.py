@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from slurmddp.errors import SlurmddpError
 from slurmddp.job.distenv import DistEnv
@@ -111,7 +111,7 @@ class RunContext:
                 self.config.trackers,
                 name=str(self.config.name),
                 first_step=loop.first_step if loop is not None else 0,
-                config=OmegaConf.to_container(self.config, resolve=True),  # type: ignore[arg-type]
+                config=self.config,
             )
         return self._trackers
 
