@@ -267,6 +267,15 @@ class Ddp:
         if self.bucket_cap_mb <= 0:
             raise ConfigError(f"ddp.bucket_cap_mb: must be > 0, got {self.bucket_cap_mb}")
         _at_least("ddp.accumulate", self.accumulate, 1)
+        if self.static_graph and self.accumulate > 1:
+            # torch 2.13: the first backward under no_sync with static_graph fails an internal
+            # assert in the reducer (pytorch/pytorch#143580; the open fix, #187732, found that
+            # gradients then stop being all-reduced after the first step).
+            raise ConfigError(
+                "ddp.static_graph: DistributedDataParallel cannot accumulate gradients (ddp.accumulate="
+                f"{self.accumulate}, no_sync) with a static graph; "
+                "set ddp.static_graph=false or ddp.accumulate=1"
+            )
 
 
 @dataclass(kw_only=True)

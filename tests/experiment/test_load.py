@@ -127,6 +127,10 @@ def test_wrong_type_names_key(tmp_path: Path) -> None:
         ("name=../up", "name"),
         ("resources.mem_gb=0", "resources.mem_gb"),
         ("entrypoint.function=nocolon", "entrypoint.function"),
+        ("ddp.accumulate=0", "ddp.accumulate: must be >= 1"),
+        ("ddp.bucket_cap_mb=0", "ddp.bucket_cap_mb: must be > 0"),
+        ("precision.autocast=fp16", "precision.autocast: 'fp16' is not one of none, bfloat16, float16"),
+        ("trackers.wandb_mode=cloud", "trackers.wandb_mode"),
     ],
 )
 def test_impossible_values(tmp_path: Path, override: str, needle: str) -> None:
@@ -163,3 +167,9 @@ def test_missing_file_and_non_mapping(tmp_path: Path) -> None:
 
 def test_override_without_equals(tmp_path: Path) -> None:
     assert "expected key=value" in error(write(tmp_path, BASE), ["resources.nodes"])
+
+
+def test_static_graph_cannot_accumulate(tmp_path: Path) -> None:
+    message = error(write(tmp_path, BASE), ["ddp.static_graph=true", "ddp.accumulate=2"])
+    assert "ddp.static_graph" in message and "ddp.accumulate=1" in message
+    assert load_experiment(write(tmp_path, BASE), ["ddp.static_graph=true"]).experiment.ddp.static_graph

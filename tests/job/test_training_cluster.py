@@ -10,6 +10,7 @@ import random
 import subprocess
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,7 @@ from quickstart_runs import TRAIN_SAMPLES, assert_every_sample_once_per_epoch, r
 
 pytestmark = pytest.mark.slurm
 
-EPOCHS = 5
+EPOCHS = 4
 LAYOUTS = {
     # world size: nodes, tasks per node, global batch (each rank's share even, for accumulate 2)
     4: (2, 2, 64),
@@ -83,7 +84,7 @@ def preempt(env: dict[str, str], tmp: Path) -> None:
     )
 
 
-def wait_for(what: str, check: Any, run: Path, timeout: float = 240) -> None:
+def wait_for(what: str, check: Callable[[], bool], run: Path, timeout: float = 240) -> None:
     """Poll `check` until true; fail, naming `what`, if the run's job ended first or time ran out."""
     deadline = time.monotonic() + timeout
     while not check():
@@ -141,7 +142,7 @@ def test_preempted_twice_at_random_steps_ends_bit_exact_with_one_tracker_run(
     print(drawn)
     run = submit(slurm_env, tmp_path / "runs", *layout(world), "trackers.mlflow=true")
     stopped: list[int] = []
-    mlflow_run_id = None
+    mlflow_run_id: str | None = None
     for attempt in range(2):
         threshold = first if attempt == 0 else stopped[0] + gap
 
@@ -154,10 +155,11 @@ def test_preempted_twice_at_random_steps_ends_bit_exact_with_one_tracker_run(
             mlflow_run_id = read_json(run / "trackers.json").get("mlflow_run_id")
             assert mlflow_run_id, "no MLflow run id before the first preemption"
         preempt(slurm_env, tmp_path)
-        ended = len(ends(run))
-        wait_for(
-            f"the end of attempt {attempt} ({drawn})", lambda n=ended: len(ends(run)) > n, run, timeout=120
-        )
+
+        def ended(attempt: int = attempt) -> bool:
+            return len(ends(run)) > attempt
+
+        wait_for(f"the end of attempt {attempt} ({drawn})", ended, run, timeout=120)
         stopped.append(ends(run)[-1]["step"])
     assert wait_for_job(job_id(run), slurm_env, timeout=RUN_TIMEOUT_S) == "COMPLETED"
     where = f"{drawn}; stopped at steps {stopped}, {steps_per_epoch} steps an epoch"
@@ -175,8 +177,9 @@ def test_preempted_twice_at_random_steps_ends_bit_exact_with_one_tracker_run(
     assert series(metric_records(run), "loss") == series(metric_records(reference), "loss"), where
 
     assert_tensorboard_is_metrics_jsonl(run)
-    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
     assert read_json(run / "trackers.json").get("mlflow_run_id") == mlflow_run_id, "a new MLflow run"
+    assert mlflow_run_id is not None
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
     assert_mlflow_holds_one_run(run, mlflow_run_id)
 
 
@@ -196,7 +199,7 @@ def assert_tensorboard_is_metrics_jsonl(run: Path) -> None:
         assert [(e.step, e.value) for e in reader.Scalars(key)] == expected, key
 
 
-def assert_mlflow_holds_one_run(run: Path, run_id: str | None) -> None:
+def assert_mlflow_holds_one_run(run: Path, run_id: str) -> None:
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(tracking_uri="file:" + str(run / "mlruns"))
@@ -233,11 +236,14 @@ def test_four_ranks_in_float64_match_one_process(slurm_env: dict[str, str], tmp_
     history, single_history = validation_history(multi), validation_history(single)
     assert len(history) == 3
     assert [(step, acc) for step, acc, _ in history] == [(step, acc) for step, acc, _ in single_history]
-    np.testing.assert_allclose([h[2] for h in history], [h[2] for h in single_history], rtol=1e-9)
     multi_params = torch.load(multi / "final_model.pt")
     for key, tensor in torch.load(single / "final_model.pt").items():
         assert multi_params[key].dtype == torch.float64
         torch.testing.assert_close(multi_params[key], tensor, rtol=1e-9, atol=1e-12)
+    # A loss computed in float32 (logits.float() on float64 logits) differs here at ~1e-7.
+    np.testing.assert_allclose(
+        [h[2] for h in history], [h[2] for h in single_history], rtol=1e-9, err_msg="val_loss"
+    )
 
 
 def test_the_readme_command_learns_the_digits_on_slurm(slurm_env: dict[str, str], tmp_path: Path) -> None:
