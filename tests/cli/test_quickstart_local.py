@@ -12,7 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-from conftest import QUICKSTART, local_rank_pids, only_run
+from conftest import QUICKSTART, ROOT, local_rank_pids, only_run
 from quickstart_runs import assert_every_sample_once_per_epoch, result, validation_history
 
 # 3 ranks: with two, a + b == b + a and a changed summation order would go unseen.
@@ -62,6 +62,16 @@ def test_the_default_quickstart_learns_the_digits(tmp_path: Path) -> None:
     assert outcome["val_acc"] > 0.8, outcome  # chance is 0.1
     history = validation_history(only_run(out))
     assert len(history) == 8 and history[-1][1] > history[0][1]
+
+
+def test_the_template_trains(tmp_path: Path) -> None:
+    out = tmp_path / "runs"
+    proc = submit(out, str(ROOT / "templates" / "experiment.yaml"), "train.epochs=2")
+    stdout, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0, stdout
+    history = [json.loads(line) for line in (only_run(out) / "metrics.jsonl").read_text().splitlines()]
+    val = [r["val_loss"] for r in history if "val_loss" in r]
+    assert len(val) == 2 and val[1] < val[0] == val[0]  # finite, and falling
 
 
 def test_stopped_twice_at_random_steps_it_ends_on_the_uninterrupted_run_bit_for_bit(tmp_path: Path) -> None:
