@@ -64,6 +64,11 @@ def param_digest(model: nn.Module) -> str:
     return digest.hexdigest()
 
 
+def widened(logits: torch.Tensor) -> torch.Tensor:
+    """bfloat16 logits (autocast) to float32 for the loss; float64 ones stay float64."""
+    return logits.to(torch.promote_types(logits.dtype, torch.float32))
+
+
 @torch.no_grad()
 def evaluate(ctx: RunContext, model: nn.Module, loader: torch.utils.data.DataLoader) -> dict[str, float]:
     """Accuracy and mean loss over the whole validation set, as one process would count them."""
@@ -73,7 +78,7 @@ def evaluate(ctx: RunContext, model: nn.Module, loader: torch.utils.data.DataLoa
         images, labels = images.to(ctx.device), labels.to(ctx.device)
         with ctx.autocast():
             logits = model(images)
-        loss_sum += F.cross_entropy(logits.float(), labels, reduction="sum").item()
+        loss_sum += F.cross_entropy(widened(logits), labels, reduction="sum").item()
         correct += int((logits.argmax(1) == labels).sum())
         total += len(labels)
     model.train()
@@ -105,7 +110,7 @@ def train(ctx: RunContext) -> dict[str, object]:
         optimizer.zero_grad(set_to_none=True)
         for x, y in loop.micro_batches((images.to(ctx.device), labels.to(ctx.device))):
             with ctx.autocast():
-                loss = F.cross_entropy(ddp(x).float(), y) / loop.accumulate
+                loss = F.cross_entropy(widened(ddp(x)), y) / loop.accumulate
             ctx.scaler.scale(loss).backward()
         ctx.scaler.step(optimizer)
         ctx.scaler.update()

@@ -129,6 +129,10 @@ def make_loader(
     sampler = ResumableDistributedSampler(length, world_size, rank, shuffle=True, seed=seed, drop_last=True)
     if num_workers > 0:
         dataset = _PerSampleSeeded(dataset, seed)
+        # Workers forked once per attempt, not once per epoch: a fork of a process that runs threads
+        # (gloo's, a tracker's writer) can copy a lock that another thread holds. A worker of the
+        # hand-written baseline in benchmarks/ (a new iterator every epoch) hung that way, in fork.
+        options = {"persistent_workers": True, **options}
     return DataLoader(
         dataset,
         batch_size=per_rank,

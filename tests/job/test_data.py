@@ -74,7 +74,15 @@ def test_three_ranks_see_every_sample_of_an_epoch_once_and_one_process_sees_the_
 
 def test_a_feed_started_mid_epoch_with_workers_gives_the_batches_and_draws_of_an_uninterrupted_one() -> None:
     steps = range(3, 14)
-    whole = batches(Feed(loader(1, 2, 2)), range(14))[3:]
+    feed = Feed(loader(1, 2, 2))
+    everything = batches(feed, range(14))
+    whole = everything[3:]
+    # The persistent workers see the new epoch: a sample drawn in both epochs draws other values.
+    draws = [
+        {i: noise for step in range(a, b) for i, noise, _ in everything[step]} for a, b in ((0, 8), (8, 14))
+    ]
+    common = draws[0].keys() & draws[1].keys()
+    assert feed.steps_per_epoch == 8 and common and all(draws[0][i] != draws[1][i] for i in common)
     resumed = batches(Feed(loader(1, 2, 2)), steps)
     assert resumed == whole
     # Per-sample seeds: the draws do not depend on the number of workers either.

@@ -5,8 +5,11 @@ four ranks in float64 match one process; the README's first command learns the d
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import random
+import signal
 import subprocess
 import time
 from collections import defaultdict
@@ -16,12 +19,12 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import QUICKSTART, only_run, slurmddp, wait_for_job
+from conftest import QUICKSTART, local_rank_pids, only_run, slurmddp, wait_for_job
 from quickstart_runs import TRAIN_SAMPLES, assert_every_sample_once_per_epoch, result, validation_history
 
 pytestmark = pytest.mark.slurm
 
-EPOCHS = 4
+EPOCHS = 3
 LAYOUTS = {
     # world size: nodes, tasks per node, global batch (each rank's share even, for accumulate 2)
     4: (2, 2, 64),
@@ -31,6 +34,10 @@ LAYOUTS = {
 MIXED = ("train.workers=2", "train.record_samples=true", "precision.autocast=bfloat16", "ddp.accumulate=2")
 FLOAT64 = ("train.dtype=float64", "train.dropout=0", "train.record_samples=true", "train.epochs=3")
 RUN_TIMEOUT_S = 400
+MARGIN = 4
+"""Drawn stops keep this many steps from an epoch's ends: a stop lands a few steps after its aim."""
+LEAD = 2
+"""The ranks are stopped for the preemption this many steps before the drawn step."""
 HIGH_JOB = ("-p", "high", "-N", "3", "--exclusive", "-t", "1", "--wrap", "sleep 3")
 """sbatch arguments of a job on the high partition that needs every core of every node."""
 
@@ -135,34 +142,25 @@ def test_preempted_twice_at_random_steps_ends_bit_exact_with_one_tracker_run(
 ) -> None:
     global_batch = LAYOUTS[world][2]
     steps_per_epoch = TRAIN_SAMPLES // global_batch
-    # The first stop after the first few steps, the second one a drawn gap after the first stop.
-    first = random.randrange(3, 2 * steps_per_epoch)
-    gap = random.randrange(steps_per_epoch // 2, steps_per_epoch)
-    drawn = f"drawn: first stop at step >= {first}, second >= {gap} steps after the first"
-    print(drawn)
+    targets = draw_targets(steps_per_epoch)
     run = submit(slurm_env, tmp_path / "runs", *layout(world), "trackers.mlflow=true")
     stopped: list[int] = []
     mlflow_run_id: str | None = None
-    for attempt in range(2):
-        threshold = first if attempt == 0 else stopped[0] + gap
-
-        def reached(attempt: int = attempt, threshold: int = threshold) -> bool:
-            progress = read_json(run / "progress.json")
-            return progress.get("restart_count") == attempt and progress.get("step", -1) >= threshold
-
-        wait_for(f"step {threshold} in attempt {attempt} ({drawn}, stopped at {stopped})", reached, run)
+    for attempt, target in enumerate(targets):
+        where = f"targets {targets}, stopped at {stopped}"
+        wait_for(f"step {target - LEAD} ({where})", lambda t=target: last_trained_step(run) >= t - LEAD, run)
         if attempt == 0:
             mlflow_run_id = read_json(run / "trackers.json").get("mlflow_run_id")
             assert mlflow_run_id, "no MLflow run id before the first preemption"
-        preempt(slurm_env, tmp_path)
+        preempt_frozen(slurm_env, tmp_path, run)
 
         def ended(attempt: int = attempt) -> bool:
             return len(ends(run)) > attempt
 
-        wait_for(f"the end of attempt {attempt} ({drawn})", ended, run, timeout=120)
+        wait_for(f"the end of attempt {attempt} ({where})", ended, run, timeout=120)
         stopped.append(ends(run)[-1]["step"])
     assert wait_for_job(job_id(run), slurm_env, timeout=RUN_TIMEOUT_S) == "COMPLETED"
-    where = f"{drawn}; stopped at steps {stopped}, {steps_per_epoch} steps an epoch"
+    where = f"targets {targets}, stopped at steps {stopped}, {steps_per_epoch} steps an epoch"
     print(where)
 
     records = ends(run)
@@ -181,6 +179,83 @@ def test_preempted_twice_at_random_steps_ends_bit_exact_with_one_tracker_run(
     assert mlflow_run_id is not None
     monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
     assert_mlflow_holds_one_run(run, mlflow_run_id)
+
+
+def draw_targets(steps_per_epoch: int) -> list[int]:
+    """Two steps to stop at, drawn at random mid-epoch (MARGIN steps from either end), the first in
+    the first two epochs, the second at least half an epoch later."""
+    total = EPOCHS * steps_per_epoch
+
+    def mid_epoch(low: int, high: int) -> list[int]:
+        return [s for s in range(low, high) if MARGIN <= s % steps_per_epoch <= steps_per_epoch - MARGIN]
+
+    first = random.choice(mid_epoch(0, 2 * steps_per_epoch))
+    targets = [first, random.choice(mid_epoch(first + steps_per_epoch // 2, total))]
+    print(f"drawn: stops at steps {targets}")
+    return targets
+
+
+def last_trained_step(run: Path) -> int:
+    """The last step rank 0 has trained on: train.record_samples writes one line a step (not for a
+    resumed attempt's priming step)."""
+    try:
+        lines = (run / "samples" / "rank-0.jsonl").read_text().splitlines()
+    except FileNotFoundError:
+        return -1
+    for line in reversed(lines):
+        with contextlib.suppress(ValueError):  # a line being written
+            return int(json.loads(line)["step"])
+    return -1
+
+
+def preempt_frozen(env: dict[str, str], tmp: Path, run: Path) -> None:
+    """Preempt the run with a high partition job while its ranks stand still.
+
+    The signal needs a second or two through sbatch, slurmctld and slurmd: some steps, depending on
+    the machine's speed. With the ranks stopped (SIGSTOP) until Slurm's USR2 has reached them, they
+    stop LEAD or so steps after the one they stood at, where the test aimed.
+    """
+    pids = rank_main_pids(run)
+    assert pids, f"no rank processes of {run}"
+    for pid in pids:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        deadline = time.monotonic() + 10
+        while not all(proc_status(pid).get("State", "T").startswith("T") for pid in pids):
+            assert time.monotonic() < deadline, "the ranks did not stop on SIGSTOP"
+            time.sleep(0.01)
+        preempt(env, tmp)
+        deadline = time.monotonic() + 60
+        while not all(signalled(pid) for pid in pids):
+            assert time.monotonic() < deadline, "Slurm sent no USR2 to the preempted ranks in 60 s"
+            time.sleep(0.05)
+    finally:
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+
+
+def rank_main_pids(run: Path) -> list[int]:
+    """The ranks' own processes, without their loader workers (forked, with the same command line)."""
+    pids = set(local_rank_pids(run))
+    return sorted(pid for pid in pids if proc_status(pid).get("PPid") not in {str(p) for p in pids})
+
+
+def proc_status(pid: int) -> dict[str, str]:
+    try:
+        text = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return {}
+    return {key: value.strip() for key, _, value in (line.partition(":") for line in text.splitlines())}
+
+
+def signalled(pid: int) -> bool:
+    """USR2 is pending on the stopped process, or something (Slurm's SIGCONT) let it go on."""
+    status = proc_status(pid)
+    if not status:
+        return True
+    pending = int(status["SigPnd"], 16) | int(status["ShdPnd"], 16)
+    return bool(pending & 1 << (signal.SIGUSR2 - 1)) or not status["State"].startswith("T")
 
 
 def assert_tensorboard_is_metrics_jsonl(run: Path) -> None:
