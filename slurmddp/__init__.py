@@ -10,7 +10,8 @@ The package follows the flow of a submission; each sub-package is one side of it
     experiment/  the schema, loading and layering, the sweep spec, entrypoint checks
     submit/      experiment -> SubmissionPlan (pure) -> submitit; the batch-script templates
     job/         everything inside an allocation: boot, the rank spec and runtime, distenv, the MPI
-                 handshake, signals, loop, checkpoint, sampler, preflight, provenance, attempts
+                 handshake, signals, loop, checkpoint, data (loaders) and sampler, metrics
+                 (reductions), trackers, preflight, provenance, attempts
     manage/      runs read back from their directories: status, logs, cancel, resubmit, results
     cluster/     facts about Slurm and the machine: host lists, time syntax, fabric detection,
                  and the one module that runs Slurm's commands
