@@ -205,11 +205,9 @@ class TrainLoop:
     def _primes_needed(self) -> int:
         """Priming steps a resumed attempt runs: DDP rebuilds its buckets after one backward (two
         with static_graph) unless it looks for unused parameters; one rank has nothing to order."""
-        if self._resumed is None:
-            return 0
-        return self._primes_if_resumed()
+        return 0 if self._resumed is None else self._primes_per_resume()
 
-    def _primes_if_resumed(self) -> int:
+    def _primes_per_resume(self) -> int:
         needed = [
             2 if module.static_graph else 1
             for module in self._ddp_modules
@@ -223,7 +221,7 @@ class TrainLoop:
         from slurmddp.job.sampler import ResumableDistributedSampler
 
         own = [name for name, obj in self.objects.items() if isinstance(obj, ResumableDistributedSampler)]
-        if own and self.data is None and self._primes_if_resumed():
+        if own and self.data is None and self._primes_per_resume():
             raise SlurmddpError(
                 f"ctx.loop({own[0]}=...): a resumed attempt runs its first step twice (a priming step "
                 "for DDP's buckets), and a loader you iterate in the step would move on by one batch; "
