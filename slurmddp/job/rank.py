@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from slurmddp.job import signals
 from slurmddp.job.spec import RankSpec
 
 
@@ -15,6 +16,11 @@ class Rank:
         self.spec = spec
 
     def __call__(self) -> Any:
+        # Our flag back first: submitit's runner put its own handlers in just before this call, and
+        # importing the runtime imports torch (seconds on a busy node). A time-limit signal in that
+        # window went to submitit's handler and was lost: the ranks ran on into Slurm's kill (seen on
+        # the lab, a 1-minute job whose signal came 8 s into the attempt).
+        signals.install(self.spec.stop_signals)
         # Imported here: unpickling this class on a task must not pull in torch, and the submit
         # side that builds it must not import the runtime.
         from slurmddp.job.runtime import run_rank

@@ -32,3 +32,33 @@ def test_stop_signals_are_caught_during_the_run_and_ignored_at_exit(tmp_path: Pa
     )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines() == ["recorded SIGUSR2", "ignored at exit [True, True]"]
+
+
+SPY = """
+import signal, sys
+from types import SimpleNamespace
+from slurmddp.job.rank import Rank
+
+seen = []
+
+class Spy:
+    def find_spec(self, name, path, target=None):
+        if name == "slurmddp.job.runtime":
+            seen.append(signal.getsignal(signal.SIGUSR2))
+        return None
+
+sys.meta_path.insert(0, Spy())
+signal.signal(signal.SIGUSR2, signal.SIG_DFL)  # what stands for submitit's handler
+try:
+    Rank(SimpleNamespace(stop_signals=("USR2", "TERM")))()
+except Exception:
+    pass  # a fake spec: only the moment of the import matters
+print("ours" if seen and callable(seen[0]) else f"not ours: {seen}")
+"""
+
+
+def test_the_rank_takes_the_stop_signals_back_before_it_imports_the_runtime() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-c", SPY], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert proc.stdout.strip().endswith("ours"), proc.stdout + proc.stderr
