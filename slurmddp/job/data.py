@@ -64,7 +64,9 @@ class _PerSampleSeeded(Dataset[Any]):
     def __getitem__(self, index: int) -> Any:
         if get_worker_info() is not None:
             seed = sample_seed(self.seed, int(self.epoch), index)
-            torch.manual_seed(seed)
+            # The CPU generator only: torch.manual_seed also queues the lazy seeding of every
+            # accelerator, ~370 us a sample (traceback.format_stack) against ~1 us for this.
+            torch.default_generator.manual_seed(seed)
             random.seed(seed)
             _seed_numpy(seed)
         return self.dataset[index]

@@ -34,11 +34,11 @@ from typing import TYPE_CHECKING, Any
 from slurmddp.errors import CheckpointError, SlurmddpError
 from slurmddp.files import write_json
 from slurmddp.job import signals
-from slurmddp.job.data import Feed, split
 from slurmddp.layout import METRICS, PROGRESS, STOP
 
 if TYPE_CHECKING:
     from slurmddp.job.checkpoint import CheckpointInfo, CheckpointStore
+    from slurmddp.job.data import Feed
 
 # Rank 0 records how far it got at most this often, for the attempt log of a crashed attempt.
 PROGRESS_EVERY_S = 2.0
@@ -136,6 +136,8 @@ class TrainLoop:
         """`batch` cut into `ddp.accumulate` equal micro-batches; every DDP module made by `ctx.ddp`
         skips the gradient all-reduce (`no_sync`) in all but the last. Run forward and backward of
         each inside the loop over them, with the loss divided by `loop.accumulate`."""
+        from slurmddp.job.data import split
+
         parts = split(batch, self.accumulate)
         for index, part in enumerate(parts):
             with ExitStack() as stack:

@@ -62,3 +62,13 @@ def test_the_rank_takes_the_stop_signals_back_before_it_imports_the_runtime() ->
         [sys.executable, "-c", SPY], capture_output=True, text=True, timeout=120, check=False
     )
     assert proc.stdout.strip().endswith("ours"), proc.stdout + proc.stderr
+
+
+def test_importing_the_runtime_leaves_torch_unloaded() -> None:
+    # run_rank sets OMP_NUM_THREADS (and NCCL's variables) before it imports torch: a torch loaded
+    # earlier keeps its default thread count (2 threads a rank were measured when it was).
+    code = "import sys, slurmddp.job.runtime; print('torch' in sys.modules)"
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert proc.stdout.strip() == "False", proc.stdout + proc.stderr
