@@ -43,6 +43,14 @@ def run_rank(spec: RankSpec) -> Any:
         dist = mpi.from_mpi({**os.environ, **spec.env}, port=spec.dist.port)
     else:
         dist = distenv.from_environment(os.environ, port=spec.dist.port)
+    # Each rank's own stderr starts by naming the rank, so a traceback read alone says whose it is.
+    print(
+        f"slurmddp: rank {dist.rank} of {dist.world_size} (node {dist.node_rank}, "
+        f"local rank {dist.local_rank}) on {socket.gethostname()}, job {dist.job_id}, "
+        f"attempt {dist.restart_count}",
+        file=sys.stderr,
+        flush=True,
+    )
     # Before torch is imported: OMP_NUM_THREADS and NCCL_* are read at import / init time.
     os.environ.update(distenv.rank_env(dist))
     os.environ.update(fabric_env(spec, dist))
