@@ -19,6 +19,13 @@ RequeueReason = Literal["preemption", "timeout", "failure"]
 """The reasons with a requeue budget."""
 RunKind = Literal["run", "sweep"]
 Autocast = Literal["none", "bfloat16", "float16"]
+OutputMode = Literal["private", "group"]
+"""Who may read the run directories slurmddp creates (`output_mode`)."""
+OUTPUT_DIR_MODES: dict[OutputMode, int] = {"private": 0o700, "group": 0o750}
+"""The permissions of every directory slurmddp creates for a run: the run or sweep directory, its
+submitit folder, and OUTPUT_DIR/NAME where missing. Nobody else may write any of them: every rank
+unpickles its job from the submitit folder, so a writable one would let another user run code as
+the job's owner (and the ranks refuse such a pickle; see job/trust.py)."""
 
 STOP_SIGNAL: StopSignal = "USR2"
 """What Slurm sends before the time limit (sbatch --signal) unless requeue.signal says otherwise."""

@@ -44,6 +44,11 @@ class DistEnvError(SlurmddpError):
     """The environment of a rank does not describe a usable distributed job."""
 
 
+class UntrustedPickle(SlurmddpError):
+    """A rank's job pickle, or the folder it is in, could have been written by another user; the
+    rank refuses to unpickle it (job/trust.py)."""
+
+
 class PreflightError(SlurmddpError):
     """A node failed the job-start check: its device, a wrong all-reduce sum, or a slow network."""
 

@@ -21,8 +21,8 @@ from typing import Any, Literal, TextIO
 
 from slurmddp.cluster import slurm
 from slurmddp.cluster.slurm import TOOLS, parse_config
-from slurmddp.errors import SlurmCommandError
-from slurmddp.experiment.load import load_experiment
+from slurmddp.errors import ConfigError, SlurmCommandError
+from slurmddp.experiment.load import Loaded, load_experiment
 from slurmddp.job import probe
 from slurmddp.layout import PROBE
 from slurmddp.manage import actions, index
@@ -236,8 +236,8 @@ train:
 """
 
 
-def run_probe(out: TextIO, overrides: Sequence[str], argv: list[str]) -> bool:
-    """Submit the probe job, send it the stop signal, check every rank saw it, cancel what is left."""
+def probe_experiment(overrides: Sequence[str]) -> Loaded:
+    """The probe job's experiment with the user's overrides: a bad one is refused before any check."""
     entrypoint = f"{Path(probe.__file__).resolve()}:wait_for_stop"
     with tempfile.TemporaryDirectory(prefix="slurmddp-probe-") as tmp:
         source = Path(tmp) / "doctor-probe.yaml"
@@ -248,7 +248,11 @@ def run_probe(out: TextIO, overrides: Sequence[str], argv: list[str]) -> bool:
                 wait_s=PROBE_READY_TIMEOUT_S + PROBE_SIGNAL_TIMEOUT_S,
             )
         )
-        loaded = load_experiment(source, list(overrides))
+        return load_experiment(source, list(overrides))
+
+
+def run_probe(out: TextIO, loaded: Loaded, argv: list[str]) -> bool:
+    """Submit the probe job, send it the stop signal, check every rank saw it, cancel what is left."""
     exp = loaded.experiment
     plan = plan_for(loaded, executor="slurm")
     started = time.monotonic()
@@ -340,11 +344,16 @@ def _wait(done: Callable[[], bool], timeout_s: float) -> bool:
 
 def main(out: TextIO, probe_job: bool, overrides: Sequence[str]) -> int:
     """What `slurmddp doctor` does; returns its exit status (1 when a check failed)."""
+    if overrides and not probe_job:
+        raise ConfigError(
+            f"doctor: {overrides[0]!r}: KEY=VALUE overrides configure the probe job; add --probe or drop them"
+        )
+    loaded = probe_experiment(overrides) if probe_job else None
     checks = examine(out)
     if failed(checks):
         if probe_job:
             out.write("slurmddp doctor: no probe: fix the failed checks first\n")
         return 1
-    if probe_job and not run_probe(out, overrides, sys.argv):
+    if loaded is not None and not run_probe(out, loaded, sys.argv):
         return 1
     return 0

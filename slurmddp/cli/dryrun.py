@@ -3,6 +3,7 @@ script (or the local command) and the environment of the first and last rank."""
 
 from __future__ import annotations
 
+import shlex
 from typing import TextIO
 
 from slurmddp.experiment.load import Loaded, SweepElement
@@ -23,6 +24,10 @@ def rank_env(plan: SubmissionPlan, rank: int, job_id: int = PREVIEW_JOB_ID) -> d
 
 def show(loaded: Loaded, elements: list[SweepElement], plan: SubmissionPlan, out: TextIO) -> None:
     lines = [f"# slurmddp: {note}" for note in plan.notes]
+    if plan.rank.function is None:
+        # The rank's own interpreter runs it, which may not be this one: shown as `python`.
+        run = shlex.join(["python", *plan.rank.command()[1:]])
+        lines.append(f"# slurmddp: each rank runs `{run}` in {plan.rank.workdir}, with torchrun's variables")
     if loaded.sweep is not None:
         lines.append(f"# ---- sweep: {len(elements)} elements ({loaded.sweep.kind}) ----")
         lines += [f"# {element.dir_name}: {describe(element.overrides)}" for element in elements]

@@ -85,9 +85,23 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     return commands[argv[0]].parse_intermixed_args(argv[1:])
 
 
+ACCOUNTING_HELP = (
+    "Accounting (Slurm runs; empty for local ones), over every allocation of every job of the run, "
+    "requeued ones included (sacct --duplicates): cpu_h = CPU hours, the sum of sacct's CPUTimeRAW "
+    "(elapsed x allocated CPUs) / 3600; gpu_h = GPU hours, elapsed x the gres/gpu count in AllocTRES "
+    "(0 where the cluster does not account gres/gpu); lost = time lost to requeues: for each "
+    "allocation that ended in a requeue, the work redone after its last checkpoint (for a stop on "
+    "preemption or time limit, the time after the checkpointed stop; for a crash or a killed job, its "
+    "whole elapsed time) plus the wait in the queue until the next allocation started. A sweep's "
+    "total line sums its elements."
+)
+
+
 def _manage_parsers() -> dict[str, argparse.ArgumentParser]:
     status = argparse.ArgumentParser(
-        prog="slurmddp status", description="Show the state of a run or of every element of a sweep."
+        prog="slurmddp status",
+        description="Show the state of a run or of every element of a sweep.",
+        epilog=ACCOUNTING_HELP,
     )
     _run_arg(status, optional=True)
     status.add_argument("--json", action="store_true", help="print JSON instead of a table")
@@ -112,11 +126,14 @@ def _manage_parsers() -> dict[str, argparse.ArgumentParser]:
     resubmit.add_argument("--failed", action="store_true", required=True, help="the elements that failed")
     resubmit.set_defaults(func=_resubmit)
     listing = argparse.ArgumentParser(prog="slurmddp list", description="List recent runs and sweeps.")
-    listing.add_argument("-n", "--limit", type=int, default=20, help="how many (default 20)")
+    listing.add_argument("-n", "--limit", type=_positive_int, default=20, help="how many (default 20)")
     listing.add_argument("--json", action="store_true", help="print JSON instead of a table")
     listing.set_defaults(func=_list)
     results = argparse.ArgumentParser(
-        prog="slurmddp results", description="A sweep's elements ranked by a metric; writes CSV."
+        prog="slurmddp results",
+        description="A sweep's elements ranked by a metric; writes CSV.",
+        epilog="cpu_h, gpu_h and lost (CSV: cpu_hours, gpu_hours, lost_hours) are defined in "
+        "`slurmddp status --help`.",
     )
     _run_arg(results)
     results.add_argument("--metric", help="the metric to rank by (default: the sweep's sweep.metric)")
@@ -133,6 +150,16 @@ def _manage_parsers() -> dict[str, argparse.ArgumentParser]:
         "list": listing,
         "results": results,
     }
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid int value: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
 
 
 def _run_arg(parser: argparse.ArgumentParser, optional: bool = False) -> None:
@@ -270,9 +297,18 @@ def _results(args: argparse.Namespace) -> int:
     keys = list(target.manifest.get("keys") or [])
     metrics = [metric, *(m for m in report.metric_names(rows) if m != metric)]
     csv_path = args.csv or target.dir / RESULTS_CSV
-    write_atomic(csv_path, report.results_csv(ranked, keys, metrics))
-    if args.plot:
-        report.plot(ranked, metric, args.plot)
+    writing = f"--csv {csv_path}" if args.csv else str(csv_path)
+    try:
+        write_atomic(csv_path, report.results_csv(ranked, keys, metrics))
+        if args.plot:
+            writing = f"--plot {args.plot}"
+            report.plot(ranked, metric, args.plot)
+    except OSError as exc:
+        where = f"{exc.filename}: " if exc.filename else ""
+        raise SlurmddpError(
+            f"{writing}: cannot write it ({where}{exc.strerror or exc}); "
+            "name a file in a directory you can write"
+        ) from None
     if args.json:
         print(json.dumps([dataclasses.asdict(row) for row in ranked], indent=2))
     else:

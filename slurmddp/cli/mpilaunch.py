@@ -14,6 +14,7 @@ from slurmddp.files import write_atomic
 from slurmddp.job import mpi, signals
 from slurmddp.job.runtime import run_rank
 from slurmddp.layout import CONFIG, new_run_dir
+from slurmddp.submit import submitter
 from slurmddp.submit.planner import plan_for
 
 
@@ -25,12 +26,12 @@ def run(experiment: Path, overrides: list[str]) -> int:
     loaded = load_experiment(experiment, [*overrides, "dist.launcher=mpi"])
     exp = loaded.experiment
     if exp.entrypoint.function is None:
-        raise SlurmddpError("mpilaunch runs function entrypoints; a script can call mpiexec itself")
+        raise SlurmddpError("mpilaunch runs function entrypoints; a script or module can call mpiexec itself")
     fresh = str(new_run_dir(exp.output_dir, exp.name)) if world.Get_rank() == 0 else None
     run_dir = Path(world.bcast(fresh, root=0))
     plan = plan_for(loaded, executor="local", run_dir=run_dir)
     if world.Get_rank() == 0:
-        run_dir.mkdir(parents=True)
+        submitter.make_run_dir(run_dir, exp)
         write_atomic(run_dir / CONFIG, yamlio.dump(loaded.resolved))
         print(f"slurmddp: {world.Get_size()} MPI ranks; run dir {run_dir}", flush=True)
     world.Barrier()

@@ -8,12 +8,16 @@ raises SlurmCommandError; "that job is not in the queue" is an answer (None or "
 
 from __future__ import annotations
 
+import datetime as dt
+import re
 import shutil
 import subprocess
 import time
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from typing import Literal, cast, get_args
 
+from slurmddp.cluster.timespec import parse_time
 from slurmddp.errors import SlurmCommandError
 
 TOOLS = ("sbatch", "squeue", "sacct", "scontrol", "scancel")
@@ -134,6 +138,26 @@ def requeue(target: str) -> str | None:
     return None if proc.returncode == 0 else _said(proc)
 
 
+def requeue_excluding(target: str, hosts: Sequence[str]) -> str | None:
+    """Requeue TARGET to run anywhere but `hosts`: held while its excluded nodes are updated, so it
+    cannot start again in between; what scontrol said when a step was refused, or None."""
+    proc = run(["scontrol", "requeuehold", target])
+    if proc.returncode != 0:
+        return _said(proc)
+    update = run(["scontrol", "update", f"JobId={target}", f"ExcNodeList={','.join(hosts)}"])
+    release = run(["scontrol", "release", target])
+    if update.returncode != 0:
+        return f"excluding {','.join(hosts)}: {_said(update)}"
+    return None if release.returncode == 0 else _said(release)
+
+
+def partition_nodes(partition: str) -> int | None:
+    """How many nodes `partition` has (scontrol's TotalNodes), or None when scontrol cannot say."""
+    proc = run(["scontrol", "-o", "show", "partition", partition])
+    match = re.search(r"\bTotalNodes=(\d+)", proc.stdout) if proc.returncode == 0 else None
+    return int(match.group(1)) if match else None
+
+
 def version_text() -> str | None:
     """What `scontrol --version` prints (e.g. "slurm 22.05.8"), or None without Slurm."""
     try:
@@ -166,6 +190,18 @@ def preempt_time(job_id: str) -> str | None:
     proc = run(["squeue", "-h", "-j", job_id, "-O", "PreemptTime"])
     text = proc.stdout.strip() if proc.returncode == 0 else ""
     return None if text in _NO_TIME else text
+
+
+def time_left(job_id: str) -> float | None:
+    """Seconds until the job's time limit, as squeue counts them now; None when unlimited or
+    unknown."""
+    proc = run(["squeue", "-h", "-j", job_id, "-O", "TimeLeft"])
+    text = proc.stdout.strip() if proc.returncode == 0 else ""
+    try:
+        return parse_time(text)
+    except ValueError:
+        # parse_time refuses a zero limit; squeue prints 0:00 for a job at its limit.
+        return 0.0 if re.fullmatch(r"[0:-]+", text) else None
 
 
 def as_state(text: str) -> JobState:
@@ -235,3 +271,127 @@ def signal(job_id: str, name: str) -> None:
     """Send SIG`name` to the job's step tasks: without --batch/--full, scancel reaches them only,
     as `sbatch --signal=SIG@T` does."""
     _checked(["scancel", f"--signal={name}", job_id])
+
+
+# ---- sacct: accounting of every allocation ----
+
+ACCOUNTING_FIELDS = (
+    "JobID",
+    "JobIDRaw",
+    "State",
+    "Submit",
+    "Start",
+    "End",
+    "ElapsedRaw",
+    "AllocTRES",
+    "CPUTimeRAW",
+    "NodeList",
+)
+"""The columns `allocations` asks sacct for, in this order."""
+
+
+@dataclass(frozen=True)
+class Allocation:
+    """One allocation of a job, as `sacct -D -X` lists it: a requeued job has one per time it ran."""
+
+    job_id: str
+    """sacct's JobID: "41", or "12_3" for task 3 of array 12."""
+    raw_id: str
+    """JobIDRaw: the SLURM_JOB_ID the allocation's processes saw (an array task has its own)."""
+    state: JobState
+    submit: float | None
+    """Unix time; a requeued allocation's Submit is when the previous one was requeued."""
+    start: float | None
+    """None while it has not started."""
+    end: float | None
+    """None while it runs."""
+    elapsed_s: int
+    cpu_seconds: int
+    """CPUTimeRAW: elapsed seconds x allocated CPUs, as Slurm counts them."""
+    cpus: int
+    gpus: int
+    """The gres/gpu count in AllocTRES; 0 where the cluster does not account GPUs
+    (AccountingStorageTRES without gres/gpu lists no GPU even for a job that has some)."""
+    nodes: str
+    """NodeList ("None assigned" before it starts)."""
+
+    @property
+    def gpu_seconds(self) -> int:
+        return self.elapsed_s * self.gpus
+
+
+def parse_tres(text: str) -> dict[str, str]:
+    """A TRES list ("billing=4,cpu=4,gres/gpu=2,mem=8G,node=1") as {name: value}."""
+    tres: dict[str, str] = {}
+    for item in text.split(","):
+        name, sep, value = item.partition("=")
+        if sep and name.strip():
+            tres[name.strip()] = value.strip()
+    return tres
+
+
+def gpu_count(tres: dict[str, str]) -> int:
+    """GPUs in a TRES list: `gres/gpu`, which a cluster that also accounts GPU types lists beside
+    `gres/gpu:TYPE` for the same GPUs; the typed counts only when the untyped one is missing."""
+    if "gres/gpu" in tres:
+        return _count(tres["gres/gpu"])
+    return sum(_count(value) for name, value in tres.items() if name.startswith("gres/gpu:"))
+
+
+def parse_sacct_time(text: str) -> float | None:
+    """A sacct time column (YYYY-MM-DDTHH:MM:SS, the machine's local time) as Unix time; None for
+    "Unknown"/"None" (not started, still running) or another SLURM_TIME_FORMAT."""
+    try:
+        return dt.datetime.fromisoformat(text.strip()).timestamp()
+    except ValueError:
+        return None
+
+
+def parse_allocations(text: str) -> list[Allocation]:
+    """`sacct -D -X -n -P -o ACCOUNTING_FIELDS` as allocations, in sacct's order (with -D: by
+    submit time, so a requeued job's allocations are interleaved with other jobs'). Lines of
+    another shape (a header, an error) are skipped."""
+    allocations = []
+    for line in text.splitlines():
+        fields = line.split("|")
+        if len(fields) != len(ACCOUNTING_FIELDS) or not fields[1].strip().isdigit():
+            continue
+        job, raw, state, submit, start, end, elapsed, alloc_tres, cpu_time, nodes = (
+            f.strip() for f in fields
+        )
+        tres = parse_tres(alloc_tres)
+        allocations.append(
+            Allocation(
+                job_id=job,
+                raw_id=raw,
+                state=as_state(state),
+                submit=parse_sacct_time(submit),
+                start=parse_sacct_time(start),
+                end=parse_sacct_time(end),
+                elapsed_s=_count(elapsed),
+                cpu_seconds=_count(cpu_time),
+                cpus=_count(tres.get("cpu", "")),
+                gpus=gpu_count(tres),
+                nodes=nodes,
+            )
+        )
+    return allocations
+
+
+def allocations(job_ids: Iterable[str]) -> list[Allocation] | None:
+    """Every allocation of each job or array task id, requeued ones included: without --duplicates
+    sacct shows only a job's newest allocation (seen on 22.05.8). One sacct call for any number of
+    ids. None when sacct cannot answer (a cluster without accounting), so that `status` still
+    works there."""
+    wanted = set(job_ids)
+    if not wanted:
+        return []
+    bases = ",".join(sorted({job.split("_")[0] for job in wanted}))
+    proc = run(["sacct", "-D", "-X", "-n", "-P", "-j", bases, "-o", ",".join(ACCOUNTING_FIELDS)])
+    if proc.returncode != 0:
+        return None
+    return [a for a in parse_allocations(proc.stdout) if a.job_id in wanted]
+
+
+def _count(text: str) -> int:
+    return int(text) if text.isdigit() else 0

@@ -9,6 +9,7 @@ from __future__ import annotations
 import ast
 import difflib
 import importlib.machinery
+import pkgutil
 import sys
 from pathlib import Path
 
@@ -43,6 +44,38 @@ def check_script(script: str, workdir: Path, exp_dir: Path) -> str:
     return str(source)
 
 
+def check_module(module: str, workdir: Path, exp_dir: Path) -> str:
+    """Validate a module run as `python -m module` (torchrun's -m); return its name.
+
+    The ranks start in the submit directory, which `python -m` puts first on sys.path, so the
+    module is looked up there first, then on this Python's path, as for a function entrypoint.
+    `exp_dir` is not searched (`python -m` would not see it); it only feeds the hint.
+    """
+    search_path = [str(workdir), *sys.path[1:]]
+    spec = _find_spec("entrypoint.module", module, search_path, exp_dir)
+    if spec.submodule_search_locations is not None:
+        # A package: `python -m package` (and torchrun -m) runs package.__main__.
+        locations = list(spec.submodule_search_locations)
+        main = importlib.machinery.PathFinder.find_spec(f"{module}.__main__", locations)
+        if main is None:
+            inside = sorted({info.name for info in pkgutil.iter_modules(locations)})
+            example = f"{module}.{inside[0]}" if inside else f"{module}.train"
+            listed = f" (it holds {', '.join(inside)})" if inside else ""
+            raise ConfigError(
+                f"entrypoint.module: {module!r} is a package with no __main__.py in "
+                f"{', '.join(locations)}, and `python -m {module}` runs its __main__; add a __main__.py "
+                f"there, or name the module to run, such as {example!r}{listed}"
+            )
+        spec = main
+    if not spec.origin or not spec.origin.endswith(".py"):
+        raise ConfigError(f"entrypoint.module: module {module!r} has no Python source file to read")
+    try:
+        _parse(Path(spec.origin))
+    except ConfigError as exc:
+        raise ConfigError(f"entrypoint.module: {exc}") from None
+    return module
+
+
 def _find_file(key: str, name: str, workdir: Path, exp_dir: Path) -> Path:
     """A relative path is taken from the submit directory, else from the experiment file's."""
     for base in (workdir, exp_dir):
@@ -54,22 +87,68 @@ def _find_file(key: str, name: str, workdir: Path, exp_dir: Path) -> Path:
 
 def _locate(module: str, search_path: list[str]) -> Path:
     """The source file of a dotted module, found as the import system would, importing nothing."""
+    spec = _find_spec("entrypoint.function", module, search_path)
+    if not spec.origin or not spec.origin.endswith(".py"):
+        raise ConfigError(f"entrypoint.function: module {module!r} has no Python source file to read")
+    return Path(spec.origin)
+
+
+def _find_spec(
+    key: str, module: str, search_path: list[str], exp_dir: Path | None = None
+) -> importlib.machinery.ModuleSpec:
+    """The spec of a dotted module, each parent found in the one before, importing nothing."""
     path: list[str] | None = search_path
     spec = None
     parts = module.split(".")
     for depth in range(len(parts)):
         name = ".".join(parts[: depth + 1])
-        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        searched = path
+        spec = importlib.machinery.PathFinder.find_spec(name, path) if path is not None else None
         if spec is None:
-            raise ConfigError(
-                f"entrypoint.function: cannot find module {name!r}; run submit from the directory that "
-                "holds it, install it, or give a file path such as 'train.py:main'"
-            )
+            raise ConfigError(_not_found(key, name, searched, search_path, exp_dir))
         path = list(spec.submodule_search_locations or []) or None
     assert spec is not None
-    if not spec.origin or not spec.origin.endswith(".py"):
-        raise ConfigError(f"entrypoint.function: module {module!r} has no Python source file to read")
-    return Path(spec.origin)
+    return spec
+
+
+def _not_found(
+    key: str, name: str, searched: list[str] | None, search_path: list[str], exp_dir: Path | None
+) -> str:
+    """What was searched for `name` (the first part of the dotted name not found), and the fix."""
+    parent, _, last = name.rpartition(".")
+    if searched is None:
+        # `python -m train.py` fails the same way: 'train' is found, and holds no 'py'.
+        hint = f"; a module is named without '.py': {parent!r} (a file goes in entrypoint.script)"
+        hint = hint if last == "py" and key == "entrypoint.module" else ""
+        return f"{key}: {parent!r} is a module, not a package, so it holds no {last!r}{hint}"
+    where = (
+        f"in package {parent!r} ({', '.join(searched)})" if parent else f"in {search_path[0]} or on sys.path"
+    )
+    message = f"{key}: cannot find module {name!r} {where}"
+    # A near name in the submit directory before one anywhere on sys.path.
+    for where_near in (searched[:1], searched):
+        near = difflib.get_close_matches(
+            last, sorted({m.name for m in pkgutil.iter_modules(where_near)}), n=1
+        )
+        if near:
+            break
+    if near:
+        return f"{message}; did you mean {'.'.join(filter(None, (parent, near[0])))!r}?"
+    if key != "entrypoint.module":
+        return (
+            f"{message}; run submit from the directory that holds it, install it, "
+            "or give a file path such as 'train.py:main'"
+        )
+    if not parent and exp_dir is not None and _holds(exp_dir.resolve(), last):
+        return (
+            f"{message}; it is in {exp_dir.resolve()}, but the ranks run `python -m` from the submit "
+            f"directory: run submit from {exp_dir.resolve()}, or install the package"
+        )
+    return f"{message}; run submit from the directory that holds it, or install it"
+
+
+def _holds(directory: Path, name: str) -> bool:
+    return (directory / f"{name}.py").is_file() or (directory / name).is_dir()
 
 
 def _parse(source: Path) -> ast.Module:

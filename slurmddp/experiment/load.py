@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException, ValidationError
 
 from slurmddp import yamlio
@@ -80,6 +80,8 @@ def load_experiment(path: str | Path, overrides: list[str] | tuple[str, ...] = (
     for layer, _ in override_layers:
         profile = layer.get("profile", profile)
     if profile is not None:
+        if isinstance(profile, (dict, list, bool)):
+            raise ConfigError(f"profile: {profile!r} is neither a profile name nor a path to a YAML file")
         profile_path = find_profile(str(profile), source.parent)
         merged = _merge(merged, _read_yaml(profile_path), str(profile_path))
     if "name" not in exp_layer:
@@ -216,6 +218,7 @@ def find_profile(name: str, exp_dir: Path) -> Path:
         raise ConfigError(f"profile: no such file {name!r} (looked in . and {exp_dir})")
     dirs = [Path(p) for p in os.environ.get(PROFILE_PATH_ENV, "").split(os.pathsep) if p]
     dirs += [exp_dir / "configs", exp_dir.parent / "configs", Path("configs")]
+    dirs = list(dict.fromkeys(dirs))  # EXP_DIR "." makes the last three one
     for folder in dirs:
         for suffix in (".yaml", ".yml"):
             candidate = folder / f"{name}{suffix}"
@@ -244,23 +247,33 @@ def _read_yaml(path: Path) -> dict[str, Any]:
     return _normalize(loaded)
 
 
+_ENTRYPOINT_KINDS = ("function", "script", "module")
+
+
 def _normalize(layer: dict[str, Any]) -> dict[str, Any]:
-    """Accept `entrypoint: "pkg.mod:fn"` and `entrypoint: "train.py --lr 3"` as shorthands."""
+    """Accept `entrypoint: "pkg.mod:fn"`, `entrypoint: "train.py --lr 3"` and
+    `entrypoint: "-m pkg.train --lr 3"` as shorthands."""
     entry = layer.get("entrypoint")
     if isinstance(entry, str):
         if re.fullmatch(r"[^:\s]+:[A-Za-z_]\w*", entry):
-            layer["entrypoint"] = {"function": entry, "script": None}
+            layer["entrypoint"] = {**dict.fromkeys(_ENTRYPOINT_KINDS), "function": entry}
         else:
             words = shlex.split(entry)
             if not words:
                 raise ConfigError("entrypoint: empty")
-            layer["entrypoint"] = {"function": None, "script": words[0], "args": words[1:]}
+            if words[0] == "-m":
+                if len(words) < 2:
+                    raise ConfigError("entrypoint: '-m' needs a module name, as in '-m pkg.train --lr 3'")
+                kind, target, args = "module", words[1], words[2:]
+            else:
+                kind, target, args = "script", words[0], words[1:]
+            layer["entrypoint"] = {**dict.fromkeys(_ENTRYPOINT_KINDS), kind: target, "args": args}
     elif isinstance(entry, dict):
-        # Setting one kind of entrypoint in a later layer replaces the other kind from an earlier one.
-        if entry.get("function") is not None:
-            entry.setdefault("script", None)
-        if entry.get("script") is not None:
-            entry.setdefault("function", None)
+        # Setting one kind of entrypoint in a later layer replaces the other kinds from an earlier one.
+        for kind in _ENTRYPOINT_KINDS:
+            if entry.get(kind) is not None:
+                for other in _ENTRYPOINT_KINDS:
+                    entry.setdefault(other, None)
     return layer
 
 
@@ -298,10 +311,35 @@ def _parse_override(text: str, exp_layer: dict[str, Any]) -> dict[str, Any]:
 def _merge(base: DictConfig, layer: dict[str, Any], where: str) -> DictConfig:
     try:
         merged = OmegaConf.merge(base, layer)
-    except OmegaConfBaseException as exc:
-        raise ConfigError(f"{where}: {_describe(exc)}") from None
+    except (OmegaConfBaseException, TypeError) as exc:
+        # A value of the wrong shape for a section, a list or a mapping: OmegaConf 2.3 says so
+        # in its own terms ("Merge error: list is not a subclass of Resources"), or with a bare
+        # TypeError that names no key; say which key wanted what instead.
+        clash = _shape_clash(base, layer)
+        if clash is None and isinstance(exc, OmegaConfBaseException):
+            clash = _describe(exc)
+        raise ConfigError(f"{where}: {clash or exc}") from None
     assert isinstance(merged, DictConfig)
     return merged
+
+
+def _shape_clash(base: DictConfig, layer: dict[str, Any], prefix: str = "") -> str | None:
+    """The first key where `layer` gives a non-mapping to a mapping (a section included) or a
+    non-list to a list of `base`, said as the key and what it expects."""
+    for key, value in layer.items():
+        node = base.get(key) if key in base else None
+        full = f"{prefix}{key}"
+        if value is None:
+            continue
+        if isinstance(node, ListConfig) and not isinstance(value, list):
+            return f"{full}: expected a list, got {value!r}"
+        if isinstance(node, DictConfig):
+            if not isinstance(value, dict):
+                return f"{full}: expected a mapping of keys to values, got {value!r}"
+            found = _shape_clash(node, value, f"{full}.")
+            if found:
+                return found
+    return None
 
 
 def _describe(exc: OmegaConfBaseException) -> str:

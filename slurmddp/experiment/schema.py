@@ -22,6 +22,7 @@ from slurmddp.defaults import (
     Executor,
     GpuBinding,
     Launcher,
+    OutputMode,
     StopSignal,
 )
 from slurmddp.errors import ConfigError
@@ -57,14 +58,17 @@ def not_one_of(key: str, value: Any, choices: tuple[str, ...]) -> str:
 
 @dataclass(kw_only=True)
 class Entrypoint:
-    """What each rank runs: exactly one of `function` or `script`."""
+    """What each rank runs: exactly one of `function`, `script` or `module`."""
 
     function: str | None = None
     """`package.module:function` or `path/to/file.py:function`, called with a RunContext on every rank."""
     script: str | None = None
     """A torchrun-style script, run unmodified on every rank with torchrun's environment variables."""
+    module: str | None = None
+    """A dotted module name (`pkg.train`), run unmodified on every rank as `python -m pkg.train ARGS`
+    would run it (torchrun's `-m`), with torchrun's environment variables."""
     args: list[str] = field(default_factory=list)
-    """Command-line arguments for `script`."""
+    """Command-line arguments for `script` or `module`."""
 
     def __post_init__(self) -> None:
         if self.function is not None and not re.fullmatch(r"[^:\s]+:[A-Za-z_]\w*", self.function):
@@ -72,8 +76,15 @@ class Entrypoint:
                 f"entrypoint.function: {self.function!r} is not of the form "
                 "'package.module:function' or 'path/to/file.py:function'"
             )
-        if self.args and self.script is None:
-            raise ConfigError("entrypoint.args: only a script takes args; a function reads ctx.config")
+        if self.module is not None and not all(part.isidentifier() for part in self.module.split(".")):
+            raise ConfigError(
+                f"entrypoint.module: {self.module!r} is not a dotted module name such as 'pkg.train' "
+                "(what follows `python -m`); a file path goes in entrypoint.script"
+            )
+        if self.args and self.script is None and self.module is None:
+            raise ConfigError(
+                "entrypoint.args: only a script or a module takes args; a function reads ctx.config"
+            )
 
 
 @dataclass(kw_only=True)
@@ -150,6 +161,11 @@ class Dist:
     """MASTER_PORT; by default derived from the job id so requeues agree and jobs sharing a node differ."""
     timeout_s: int = 600
     """Rendezvous and collective timeout: how long a rank waits for a dead peer before failing."""
+    hang_timeout_s: int | None = None
+    """Seconds without progress (a training step, an evaluation batch, a ctx.log/reduce/gather)
+    after which every rank writes its threads' stacks to RUN_DIR/hangs/ and the attempt ends as a
+    failure, requeued within requeue.max_failures. Unset: 20 times the slowest step seen, at least
+    300 s. 0: no watchdog. Function entrypoints only (a script's steps are not seen)."""
     launcher: Launcher = "auto"
     """Where rank, size and local rank come from: `slurm` (Slurm's task variables), `mpi` (mpi4py:
     under mpiexec/mpirun, or srun with an MPI plugin), or `auto` (MPI only when a rank runs under an
@@ -167,6 +183,11 @@ class Dist:
         if self.port is not None and not 1024 <= self.port <= 65535:
             raise ConfigError(f"dist.port: {self.port} is not a usable port (1024-65535)")
         _at_least("dist.timeout_s", self.timeout_s, 1)
+        if self.hang_timeout_s is not None and self.hang_timeout_s != 0 and self.hang_timeout_s < 10:
+            raise ConfigError(
+                f"dist.hang_timeout_s: {self.hang_timeout_s} s is too short to tell a hang from a slow "
+                "step; give at least 10, 0 to turn the watchdog off, or leave it unset (automatic)"
+            )
 
 
 @dataclass(kw_only=True)
@@ -328,6 +349,10 @@ class Experiment:
     """`slurm`, `local` (ranks on this machine with gloo), or `auto` (slurm when sbatch is on PATH)."""
     output_dir: str = "runs"
     """Run directories go to OUTPUT_DIR/NAME/...; must be on a filesystem the nodes share."""
+    output_mode: OutputMode = "private"
+    """Who may read the directories slurmddp creates under output_dir: `private` (0700, only you) or
+    `group` (0750, your group may read). Nobody else may write them either way: every rank loads its
+    job from a pickle in RUN_DIR/logs, and refuses one that another user could have replaced."""
     entrypoint: Entrypoint = field(default_factory=Entrypoint)
     resources: Resources = field(default_factory=Resources)
     dist: Dist = field(default_factory=Dist)
@@ -347,10 +372,17 @@ class Experiment:
                 f"name: {self.name!r} must start with a letter or digit and hold only letters, digits, "
                 "'.', '_' and '-' (it names the job and the run directory)"
             )
-        if (self.entrypoint.function is None) == (self.entrypoint.script is None):
+        kinds = [
+            f"entrypoint.{kind}"
+            for kind in ("function", "script", "module")
+            if getattr(self.entrypoint, kind) is not None
+        ]
+        if len(kinds) != 1:
+            found = f" (found {' and '.join(kinds)})" if kinds else ""
             raise ConfigError(
-                "entrypoint: set exactly one of entrypoint.function (module:function) "
-                "or entrypoint.script (a torchrun-style script)"
+                "entrypoint: set exactly one of entrypoint.function (module:function), "
+                "entrypoint.script (a torchrun-style script) or entrypoint.module "
+                f"(a module run as `python -m`){found}"
             )
         if self.resources.gpus_per_node == 0 and self.dist.backend == "nccl":
             raise ConfigError("dist.backend: nccl needs GPUs; set resources.gpus_per_node or use gloo")

@@ -39,6 +39,7 @@ FIXED_PER_ARRAY = (
     "profile",
     "executor",
     "output_dir",
+    "output_mode",
     "resources",
     "requeue.signal",
     "requeue.signal_lead_s",

@@ -17,20 +17,29 @@ import socket
 import sys
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
 from slurmddp import yamlio
-from slurmddp.cluster import slurm
-from slurmddp.defaults import BUDGETS, EXIT_FINISHED, EndReason, RequeueReason
-from slurmddp.layout import ATTEMPTS, CONFIG, FAILURE, INTERRUPT, PROGRESS, RESULT, STOP, SWEEP
+from slurmddp.cluster import hostlist, slurm
+from slurmddp.defaults import BUDGETS, EXIT_FINISHED, SIGNAL_LEAD_S, EndReason, RequeueReason
+from slurmddp.files import write_json
+from slurmddp.layout import ATTEMPTS, CONFIG, EXCLUDED, FAILURE, INTERRUPT, PROGRESS, RESULT, STOP, SWEEP
 
 CANCELLED: EndReason = "cancelled"
 """The reason `slurmddp cancel` records: final, and never requeued."""
 
 PreemptTime = Callable[[str], str | None]
 """squeue's PreemptTime of a job id (None: not picked for preemption); a parameter for tests."""
+TimeLeft = Callable[[str], float | None]
+"""squeue's TimeLeft of a job id in seconds (None: unlimited or unknown); a parameter for tests."""
+PartitionNodes = Callable[[str], int | None]
+"""How many nodes a partition has (None: unknown); a parameter for tests."""
+SLURM_SIGNAL_EARLY_S = 60
+"""sbatch --signal: "Slurm may send the signal up to 60 seconds earlier than specified"."""
+SIGNAL_SLACK_S = 30
+"""For the time between the signal and the squeue that reads the time left."""
 
 
 @dataclass(frozen=True)
@@ -39,6 +48,8 @@ class Decision:
     step: int | None
     requeue: bool
     message: str
+    leave_out: dict[str, str] = field(default_factory=dict)
+    """Hosts found bad in this attempt, with why: the requeued job runs without them."""
 
 
 def read_attempts(run_dir: Path) -> list[dict[str, Any]]:
@@ -115,40 +126,108 @@ def begin(run_dir: Path, env: Mapping[str, str], now: float) -> int:
     return 0
 
 
-def decide(run_dir: Path, status: int, env: Mapping[str, str], preempt_time: PreemptTime) -> Decision:
+def decide(
+    run_dir: Path,
+    status: int,
+    env: Mapping[str, str],
+    preempt_time: PreemptTime,
+    time_left: TimeLeft = slurm.time_left,
+    partition_nodes: PartitionNodes = slurm.partition_nodes,
+) -> Decision:
     """How this attempt ended and whether the job goes around again."""
     me = _attempt_id(env)
     stop = _this_attempt(run_dir / STOP, me)
+    failure = _this_attempt(run_dir / FAILURE, me)
     budgets = _budgets(run_dir)
     history = [r for r in current(read_attempts(run_dir)) if r["event"] == "end"]
     # result.json of this attempt: every rank returned from the function (rank 0 wrote it after
     # gathering their results). That is completion, whatever status srun then reported.
     if (stop is None and status == 0) or _this_attempt(run_dir / RESULT, me) is not None:
         return Decision("completed", _progress_step(run_dir), False, "completed")
-    reason: RequeueReason
-    if stop is not None:
-        reason = _classify(run_dir, me, env, preempt_time)
-        step = stop.get("step")
-    else:
-        reason = "failure"
-        failure = _this_attempt(run_dir / FAILURE, me)
+    reason: RequeueReason = "failure"
+    why = ""
+    if stop is not None and not _crashed_first(failure, stop):
+        reason, why = _classify(run_dir, me, env, stop, preempt_time, time_left)
+    leave_out: dict[str, str] = {}
+    if reason == "failure":
         step = failure["step"] if failure else _progress_step(run_dir)
-        if failure and failure.get("retry") is False:
+        if failure and failure.get("cause"):
+            why = f" ({failure['cause']})"
+        known = set(excluded(run_dir)) | _user_excluded(run_dir)
+        found = {h: r for h, r in (failure or {}).get("bad_hosts", {}).items() if h not in known}
+        if found:
+            # Another node next time: neither a broken node's failure nor the same step is final.
+            refused = _cannot_leave_out(found, known, env, partition_nodes)
+            if refused:
+                return Decision(reason, step, False, f"{failure and failure['error']}: {refused}")
+            leave_out = found
+            why += f"; leaving out {', '.join(sorted(found))}"
+        elif failure and failure.get("retry") is False:
             return Decision(reason, step, False, f"{failure['error']}: not retrying")
-        earlier = [r for r in history if r["reason"] == "failure"]
-        if earlier and step is not None and earlier[-1].get("step") == step:
-            return Decision(reason, step, False, f"crashed at step {step} twice in a row: not retrying")
+        else:
+            earlier = [r for r in history if r["reason"] == "failure"]
+            if earlier and step is not None and earlier[-1].get("step") == step:
+                return Decision(reason, step, False, f"crashed at step {step} twice in a row: not retrying")
+    else:
+        step = stop["step"] if stop else None
     allowed = budgets[reason]
     used = sum(1 for r in history if r["reason"] == reason) + 1
     if allowed >= 0 and used > allowed:
         return Decision(
-            reason, step, False, f"{reason} budget spent ({used - 1} requeues of {allowed} allowed)"
+            reason, step, False, f"{reason} budget spent ({used - 1} requeues of {allowed} allowed){why}"
         )
     where = f" at step {step}" if step is not None else ""
-    return Decision(reason, step, True, f"{reason}{where}; requeue {used} (budget {_budget_text(allowed)})")
+    return Decision(
+        reason,
+        step,
+        True,
+        f"{reason}{where}{why}; requeue {used} (budget {_budget_text(allowed)})",
+        leave_out,
+    )
 
 
-def end(run_dir: Path, status: int, env: Mapping[str, str], now: float, preempt_time: PreemptTime) -> int:
+def excluded(run_dir: Path) -> dict[str, dict[str, Any]]:
+    """The hosts this run leaves out ({host: {"reason", "attempt", "time"}}), oldest first."""
+    try:
+        hosts: dict[str, dict[str, Any]] = json.loads((run_dir / EXCLUDED).read_text())["hosts"]
+    except (OSError, ValueError, KeyError):
+        return {}
+    return hosts
+
+
+def _user_excluded(run_dir: Path) -> set[str]:
+    text = _config(run_dir).get("resources", {}).get("exclude")
+    return set(hostlist.expand(text)) if text else set()
+
+
+def _cannot_leave_out(
+    found: Mapping[str, str],
+    known: set[str],
+    env: Mapping[str, str],
+    partition_nodes: PartitionNodes,
+) -> str | None:
+    """Why leaving `found` out too would leave the job too few nodes to start, or None."""
+    partition = env.get("SLURM_JOB_PARTITION", "")
+    total = partition_nodes(partition) if partition else None
+    needed = int(env.get("SLURM_JOB_NUM_NODES") or 1)
+    left = None if total is None else total - len(known) - len(found)
+    if left is None or left >= needed:
+        return None
+    return (
+        f"leaving out {', '.join(sorted(found))} as well as {len(known)} node(s) already would leave "
+        f"{left} of partition {partition}'s {total} nodes for a job of {needed}: not retrying"
+    )
+
+
+def end(
+    run_dir: Path,
+    status: int,
+    env: Mapping[str, str],
+    now: float,
+    preempt_time: PreemptTime,
+    time_left: TimeLeft = slurm.time_left,
+    partition_nodes: PartitionNodes = slurm.partition_nodes,
+) -> int:
     """Record how this attempt ended and requeue it if it goes around again. Rank 0 calls this
     right after a stop; the batch script calls it after srun, and then only repeats the requeue
     if rank 0 already recorded one (the job being still alive means that requeue failed)."""
@@ -164,7 +243,7 @@ def end(run_dir: Path, status: int, env: Mapping[str, str], now: float, preempt_
     if last.get("event") == "end" and all(last.get(key) == value for key, value in me.items()):
         decision = Decision(last["reason"], last["step"], last["requeue"], last["message"])
     else:
-        decision = decide(run_dir, status, env, preempt_time)
+        decision = decide(run_dir, status, env, preempt_time, time_left, partition_nodes)
         begins = [r for r in records if r["event"] == "begin"]
         record = {
             "event": "end",
@@ -177,16 +256,29 @@ def end(run_dir: Path, status: int, env: Mapping[str, str], now: float, preempt_
             "final": not decision.requeue,
             "message": decision.message,
         }
+        if decision.leave_out:
+            _leave_out(run_dir, decision.leave_out, max(0, len(begins) - 1), now)
         _append(run_dir, {**record, **me})
         print(f"slurmddp: attempt ended: {decision.message}", file=sys.stderr)
     if not decision.requeue:
         return 0 if decision.reason == "completed" else 1
     target = requeue_target(env)
-    refused = slurm.requeue(target)
+    found = set(excluded(run_dir))
+    # The user's resources.exclude too: the update replaces the job's list.
+    hosts = sorted(found | _user_excluded(run_dir)) if found else []
+    refused = slurm.requeue_excluding(target, hosts) if hosts else slurm.requeue(target)
     if refused is not None:
         # The job may already be on its way back (a preemption in REQUEUE mode requeues by itself).
         print(f"slurmddp: scontrol requeue {target}: {refused}", file=sys.stderr)
     return 0
+
+
+def _leave_out(run_dir: Path, found: Mapping[str, str], attempt: int, now: float) -> None:
+    hosts = excluded(run_dir)
+    hosts.update(
+        {host: {"reason": reason, "attempt": attempt, "time": now} for host, reason in found.items()}
+    )
+    write_json(run_dir / EXCLUDED, {"hosts": hosts})
 
 
 def requeue_target(env: Mapping[str, str]) -> str:
@@ -197,18 +289,49 @@ def requeue_target(env: Mapping[str, str]) -> str:
 
 
 def _classify(
-    run_dir: Path, me: Mapping[str, Any], env: Mapping[str, str], preempt_time: PreemptTime
-) -> RequeueReason:
-    """Preemption or time limit, from what Slurm says, not from elapsed time.
+    run_dir: Path,
+    me: Mapping[str, Any],
+    env: Mapping[str, str],
+    stop: Mapping[str, Any],
+    preempt_time: PreemptTime,
+    time_left: TimeLeft,
+) -> tuple[RequeueReason, str]:
+    """Why the ranks were told to stop, from what Slurm says, not from elapsed time; with words
+    for the record when it is not what the signal alone suggests.
 
-    slurmctld sets a job's PreemptTime when it picks the job for preemption (seen on 22.05.8);
-    a job signalled for its time limit has none. `slurmddp interrupt` names the reason itself.
+    slurmctld sets a job's PreemptTime when it picks the job for preemption (seen on 22.05.8); a
+    job signalled for its time limit has none, and has at most the signal's lead (Slurm may send
+    it up to 60 s early) left when the signal came. A stop with neither is srun ending the other
+    ranks after one died without a word (killed, out of memory, a segfault): a failure.
+    `slurmddp interrupt` names the reason itself.
     """
     forced = _this_attempt(run_dir / INTERRUPT, me)
     if forced is not None:
-        return cast(RequeueReason, forced["reason"])
-    picked = preempt_time(requeue_target(env) or env.get("SLURM_JOB_ID", ""))
-    return "preemption" if picked is not None else "timeout"
+        return cast(RequeueReason, forced["reason"]), ""
+    job = requeue_target(env) or env.get("SLURM_JOB_ID", "")
+    if preempt_time(job) is not None:
+        return "preemption", ""
+    left = time_left(job)
+    if left is None:
+        return "timeout", ""
+    signalled = float(stop.get("signal_at") or stop.get("time") or time.time())
+    left_at_signal = left + max(0.0, time.time() - signalled)
+    lead = _signal_lead_s(run_dir)
+    if left_at_signal <= lead + SLURM_SIGNAL_EARLY_S + SIGNAL_SLACK_S:
+        return "timeout", ""
+    return "failure", (
+        f" (SIG{stop.get('signal', '?')} with {left_at_signal:.0f} s of the time limit left and no "
+        "preemption: srun ending the other ranks after one died)"
+    )
+
+
+def _crashed_first(failure: Mapping[str, Any] | None, stop: Mapping[str, Any]) -> bool:
+    """A rank recorded a crash before the stop signal came: the signal was srun ending the others
+    (--kill-on-bad-exit), not a request to stop."""
+    if failure is None:
+        return False
+    signalled = stop.get("signal_at") or stop.get("time")
+    return signalled is None or float(failure["time"]) <= float(signalled)
 
 
 def _this_attempt(path: Path, me: Mapping[str, Any]) -> dict[str, Any] | None:
@@ -230,14 +353,23 @@ def _progress_step(run_dir: Path) -> int | None:
         return None
 
 
-def _budgets(run_dir: Path) -> dict[RequeueReason, int]:
+def _config(run_dir: Path) -> dict[str, Any]:
     config = yamlio.load((run_dir / CONFIG).read_text())
-    section = config.get("requeue", {}) if isinstance(config, dict) else {}
+    return config if isinstance(config, dict) else {}
+
+
+def _budgets(run_dir: Path) -> dict[RequeueReason, int]:
+    section = _config(run_dir).get("requeue", {})
     return {
         "timeout": int(section.get("max_timeouts", BUDGETS["timeout"])),
         "preemption": int(section.get("max_preemptions", BUDGETS["preemption"])),
         "failure": int(section.get("max_failures", BUDGETS["failure"])),
     }
+
+
+def _signal_lead_s(run_dir: Path) -> float:
+    section = _config(run_dir).get("requeue", {})
+    return float(section.get("signal_lead_s", SIGNAL_LEAD_S))
 
 
 def _budget_text(allowed: int) -> str:

@@ -1,8 +1,9 @@
 """The first code a task runs: `python -u -m slurmddp.job.boot -u -m submitit.core._submit FOLDER`
 (submitit appends its own `-u -m submitit.core._submit FOLDER` to the interpreter command).
 
-It installs the stop-signal flag before anything heavy is imported, then hands over to submitit's
-job runner. submitit's runner installs handlers of its own just before it calls the rank, and the
+It installs the stop-signal flag before anything heavy is imported, checks that nobody else could
+have written the job pickle submitit's runner is about to load (job/trust.py), then hands over to
+that runner. submitit's runner installs handlers of its own just before it calls the rank, and the
 rank puts ours back first thing; until then a signal is recorded, not fatal.
 """
 
@@ -13,7 +14,8 @@ import runpy
 import sys
 
 from slurmddp.defaults import ALWAYS_STOP_ON, STOP_SIGNAL, STOP_SIGNALS_ENV
-from slurmddp.job import signals
+from slurmddp.errors import UntrustedPickle
+from slurmddp.job import signals, trust
 
 
 def main(argv: list[str]) -> None:
@@ -23,6 +25,8 @@ def main(argv: list[str]) -> None:
         argv = argv[1:]  # already in effect: the interpreter was started with -u
     if argv[:1] != ["-m"] or len(argv) < 2:
         raise SystemExit("usage: python -u -m slurmddp.job.boot [-u] -m MODULE [ARGS...]")
+    if argv[1] == trust.SUBMITIT_RUNNER:
+        _check_pickle(argv[2:])
     sys.argv = [argv[1], *argv[2:]]
     try:
         runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
@@ -32,6 +36,14 @@ def main(argv: list[str]) -> None:
         # default is to terminate: a time-limit signal in those last milliseconds made srun report
         # a finished rank as killed by signal 12 (seen on the lab, Slurm 22.05.8).
         signals.ignore(stop_signals)
+
+
+def _check_pickle(args: list[str]) -> None:
+    """Refuse, before it is unpickled, a job that another user could have written."""
+    try:
+        trust.check_submitted(trust.runner_folder(args), os.environ)
+    except UntrustedPickle as exc:
+        raise SystemExit(f"slurmddp: {exc}") from None
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from torch.utils.data import DataLoader, Dataset
 
     from slurmddp.job.trackers import Trackers
+    from slurmddp.job.watchdog import Watchdog
 
 
 @dataclass
@@ -37,6 +38,8 @@ class RunContext:
     """The loop made by `loop()`, once there is one."""
     ddp_modules: list[Any] = field(default_factory=list, repr=False)
     """The modules `ddp()` wrapped: the loop primes them on resume and `micro_batches` pauses their sync."""
+    watchdog: Watchdog | None = field(default=None, repr=False)
+    """The hang watchdog (dist.hang_timeout_s) the loop, evaluation loaders and reductions feed."""
     _scaler: Any = field(default=None, repr=False)
     _trackers: Trackers | None = field(default=None, repr=False)
 
@@ -92,6 +95,7 @@ class RunContext:
         `status`, `results` and `submit --wait` read, and the trackers of `config.trackers`
         (TensorBoard by default). Only rank 0 writes; the call is free elsewhere, and dropped during
         a resumed attempt's priming step (that step is run again)."""
+        self._beat()
         if self.rank != 0 or (self.active_loop is not None and self.active_loop.priming):
             return
         # .item() for tensors: float() on one that requires grad warns.
@@ -114,6 +118,10 @@ class RunContext:
                 config=self.config,
             )
         return self._trackers
+
+    def _beat(self) -> None:
+        if self.watchdog is not None:
+            self.watchdog.beat()
 
     def close(self) -> None:
         """Flush and close the trackers (the runtime calls it when the function returns or stops)."""
@@ -172,6 +180,7 @@ class RunContext:
             num_workers=num_workers,
             pin_memory=options.pop("pin_memory", self.device.type == "cuda"),
             options=options,
+            beat=self.watchdog.beat if self.watchdog is not None else None,
         )
 
     def autocast(self) -> Any:
@@ -205,18 +214,21 @@ class RunContext:
         """Each value (number or one-element tensor) summed over all ranks; integers stay exact."""
         from slurmddp.job.metrics import reduce_sum
 
+        self._beat()
         return reduce_sum(list(values), self.device)
 
     def reduce_mean(self, value: Any) -> float:
         """The mean of one scalar over all ranks."""
         from slurmddp.job.metrics import reduce_mean
 
+        self._beat()
         return reduce_mean(value, self.device)
 
     def gather(self, obj: Any) -> list[Any]:
         """Every rank's picklable `obj`, in rank order, on every rank."""
         from slurmddp.job.metrics import gather
 
+        self._beat()
         return gather(obj)
 
     def loop(
@@ -278,5 +290,6 @@ class RunContext:
             ddp_modules=self.ddp_modules,
             accumulate=accumulate,
             settings=settings,
+            watchdog=self.watchdog,
         )
         return self.active_loop

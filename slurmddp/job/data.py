@@ -19,7 +19,7 @@ which a mid-epoch resume changes.
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -36,13 +36,24 @@ class ShardedEvalSampler(Sampler[int]):
     padding (DistributedSampler repeats samples to even the shares, which would count them twice in
     a validation metric), in order."""
 
-    def __init__(self, dataset_len: int, num_replicas: int, rank: int) -> None:
+    def __init__(
+        self, dataset_len: int, num_replicas: int, rank: int, beat: Callable[[], None] | None = None
+    ) -> None:
         self.dataset_len = dataset_len
         self.num_replicas = num_replicas
         self.rank = rank
+        self.beat = beat
+        """Told of every sample drawn: an evaluation is progress to the hang watchdog."""
 
     def __iter__(self) -> Iterator[int]:
-        return iter(range(self.rank, self.dataset_len, self.num_replicas))
+        indices = range(self.rank, self.dataset_len, self.num_replicas)
+        return iter(indices) if self.beat is None else self._beating(indices)
+
+    def _beating(self, indices: range) -> Iterator[int]:
+        assert self.beat is not None
+        for index in indices:
+            self.beat()
+            yield index
 
     def __len__(self) -> int:
         return len(range(self.rank, self.dataset_len, self.num_replicas))
@@ -100,6 +111,7 @@ def make_loader(
     num_workers: int,
     pin_memory: bool,
     options: Mapping[str, Any],
+    beat: Callable[[], None] | None = None,
 ) -> DataLoader[Any]:
     """What `ctx.loader` returns: a plain DataLoader over this rank's share."""
     if "sampler" in options or "batch_sampler" in options or "batch_size" in options:
@@ -118,7 +130,7 @@ def make_loader(
         return DataLoader(
             dataset,
             batch_size=per_rank,
-            sampler=ShardedEvalSampler(length, world_size, rank),
+            sampler=ShardedEvalSampler(length, world_size, rank, beat),
             num_workers=num_workers,
             pin_memory=pin_memory,
             **options,

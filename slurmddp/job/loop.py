@@ -39,6 +39,7 @@ from slurmddp.layout import METRICS, PROGRESS, STOP
 if TYPE_CHECKING:
     from slurmddp.job.checkpoint import CheckpointInfo, CheckpointStore
     from slurmddp.job.data import Feed
+    from slurmddp.job.watchdog import Watchdog
 
 # Rank 0 records how far it got at most this often, for the attempt log of a crashed attempt.
 PROGRESS_EVERY_S = 2.0
@@ -78,6 +79,7 @@ class TrainLoop:
         ddp_modules: Sequence[Any],
         accumulate: int,
         settings: Mapping[str, Any],
+        watchdog: Watchdog | None = None,
     ) -> None:
         import torch
 
@@ -97,6 +99,7 @@ class TrainLoop:
         self.settings = dict(settings)
         """What a checkpoint's state depends on besides the objects; a resume must find the same."""
         self._ddp_modules = ddp_modules
+        self._watchdog = watchdog
         self.step = 0
         self.first_step = 0
         """The step this attempt started from (0, or the checkpoint it resumed)."""
@@ -190,6 +193,8 @@ class TrainLoop:
     def __iter__(self) -> Iterator[Any]:
         primes = self._primes_needed()
         while self.step < self.total_steps:
+            if self._watchdog is not None:
+                self._watchdog.at(self.step)
             self._boundary()
             batch = self.data.batch(self.step) if self.data is not None else None
             if primes:
@@ -199,6 +204,8 @@ class TrainLoop:
             if self.data is not None:
                 self.data.advance()
             self.step += 1
+        if self._watchdog is not None:
+            self._watchdog.rest()
         if self.rank == 0:
             self._progress(force=True)
         self.store.wait()

@@ -90,7 +90,7 @@ def check_device(dist: DistEnv, host: str, run_dir: Path) -> None:
         dist.device_index, torch.cuda.device_count() if torch.cuda.is_available() else 0, host, dist.rank
     )
     if problem is not None:
-        raise _fail(dist, run_dir, problem)
+        raise _fail(dist, run_dir, problem, (host,))
 
 
 def device_problem(device_index: int, visible: int, host: str, rank: int) -> str | None:
@@ -232,7 +232,7 @@ def run(settings: Preflight, dist: DistEnv, device: Any, host: str, run_dir: Pat
             },
         )
     if not result.ok:
-        raise _fail(dist, run_dir, f"preflight failed: {result.message}")
+        raise _fail(dist, run_dir, f"preflight failed: {result.message}", result.suspects)
     if dist.rank == 0:
         print(f"slurmddp: preflight ok in {time.perf_counter() - began:.2f} s: {result.message}", flush=True)
     return result
@@ -264,15 +264,16 @@ def _sync(device: Any) -> None:
         torch.cuda.synchronize(device)
 
 
-def _fail(dist: DistEnv, run_dir: Path, message: str) -> PreflightError:
-    # A broken node stays broken: requeueing would likely land on it again and fail the same way,
-    # so the failure record tells the batch script's requeue decision not to retry. Every failing
-    # rank writes it (atomically): a rank that fails alone is the only one that can.
+def _fail(dist: DistEnv, run_dir: Path, message: str, hosts: Sequence[str] = ()) -> PreflightError:
+    # A broken node stays broken: requeueing onto it would fail the same way, so the requeue
+    # decision retries only without the nodes named here (bad_hosts), and not at all when none is.
+    # Every failing rank writes it (atomically): a rank that fails alone is the only one that can.
     record = {
         "step": None,
         "rank": dist.rank,
         "error": message,
         "retry": False,
+        "bad_hosts": {host: message for host in hosts},
         "job_id": dist.job_id,
         "restart_count": dist.restart_count,
         "time": time.time(),

@@ -24,13 +24,22 @@ from slurmddp.defaults import LOCAL_REQUEUE_STATUS
 from slurmddp.errors import DistEnvError, EntrypointFailed, SlurmddpError
 from slurmddp.experiment.entrypoint import is_file_target
 from slurmddp.files import write_json
-from slurmddp.job import attempts, distenv, mpi, preflight, provenance, signals
+from slurmddp.job import attempts, distenv, mpi, preflight, provenance, rendezvous, signals
 from slurmddp.job.context import RunContext
 from slurmddp.job.distenv import DistEnv
 from slurmddp.job.loop import StopForRequeue
 from slurmddp.job.spec import RankSpec
+from slurmddp.job.watchdog import Watchdog
 from slurmddp.layout import FAILURE, NCCL_TRACE, RESULT, STOP
 
+DEVICE_FAULTS = (
+    "uncorrectable ECC error",
+    "CUDA-capable device(s) is/are busy or unavailable",
+    "GPU has fallen off the bus",
+    "cudaErrorDevicesUnavailable",
+    "NVML",
+)
+"""Words of an error that blame the node's GPU, not the code: the node is left out next time."""
 SYSFS_ENV = "SLURMDDP_SYSFS"
 """Where fabric detection reads sysfs; tests point it at fake trees."""
 
@@ -61,7 +70,7 @@ def run_rank(spec: RankSpec) -> Any:
         sys.path.insert(0, spec.workdir)
     if dist.rank == 0:
         _record_provenance(spec, dist)
-    if spec.script is not None:
+    if spec.script is not None or spec.module is not None:
         return _run_script(spec, dist)
     assert spec.function is not None
     return _run_function(spec, dist, load_function(spec.function))
@@ -130,7 +139,6 @@ def load_function(target: str) -> Callable[[RunContext], Any]:
 def _run_function(spec: RankSpec, dist: DistEnv, function: Callable[[RunContext], Any]) -> Any:
     import torch
     import torch.distributed as tdist
-    from omegaconf import OmegaConf
 
     backend = dist.backend if spec.dist.backend == "auto" else spec.dist.backend
     host = socket.gethostname()
@@ -142,37 +150,64 @@ def _run_function(spec: RankSpec, dist: DistEnv, function: Callable[[RunContext]
         device = torch.device("cpu")
     if dist.rank == 0:
         check_port_free(dist.master_port)
-    tdist.init_process_group(backend=backend, timeout=timedelta(seconds=spec.dist.timeout_s))
+    store = rendezvous.open_store(dist, spec.dist.timeout_s)
+    tdist.init_process_group(
+        backend=backend,
+        store=store,
+        rank=dist.rank,
+        world_size=dist.world_size,
+        timeout=timedelta(seconds=spec.dist.timeout_s),
+    )
     try:
-        if spec.preflight.enabled:
-            preflight.run(spec.preflight, dist, device, host, Path(spec.run_dir))
-        config = OmegaConf.create(spec.config)
-        OmegaConf.set_readonly(config, True)
-        ctx = RunContext(
-            dist=dist,
-            device=device,
-            config=config,
-            run_dir=Path(spec.run_dir),
-            checkpoint_dir=Path(spec.checkpoint_dir),
-        )
-        started = time.time()
-        try:
-            result = function(ctx)
-        except StopForRequeue as stop:
-            return _stopped(spec, dist, stop)
-        except Exception as exc:
-            _record_failure(spec, dist, ctx, exc)
-            raise
-        finally:
-            ctx.close()
-        _check_json(result, spec.function)
-        gathered: list[Any] = [None] * dist.world_size
-        tdist.all_gather_object(gathered, result)
-        if dist.rank == 0:
-            write_result(Path(spec.run_dir), dist, gathered, started)
-        return result
+        outcome = _call(spec, dist, device, host, function)
     finally:
         tdist.destroy_process_group()
+    # Not after a crash: srun ends the step, and the ranks still running would only wait.
+    rendezvous.exit_barrier(store, dist, spec.dist.timeout_s, _stopping)
+    return outcome
+
+
+def _call(
+    spec: RankSpec, dist: DistEnv, device: Any, host: str, function: Callable[[RunContext], Any]
+) -> Any:
+    import torch.distributed as tdist
+    from omegaconf import OmegaConf
+
+    if spec.preflight.enabled:
+        preflight.run(spec.preflight, dist, device, host, Path(spec.run_dir))
+    config = OmegaConf.create(spec.config)
+    OmegaConf.set_readonly(config, True)
+    hang_timeout = spec.dist.hang_timeout_s
+    ctx = RunContext(
+        dist=dist,
+        device=device,
+        config=config,
+        run_dir=Path(spec.run_dir),
+        checkpoint_dir=Path(spec.checkpoint_dir),
+        watchdog=Watchdog(Path(spec.run_dir), dist, hang_timeout) if hang_timeout != 0 else None,
+    )
+    started = time.time()
+    try:
+        result = function(ctx)
+    except StopForRequeue as stop:
+        return _stopped(spec, dist, stop)
+    except Exception as exc:
+        _record_failure(spec, dist, ctx.active_loop.step if ctx.active_loop is not None else None, repr(exc))
+        raise
+    finally:
+        if ctx.watchdog is not None:
+            ctx.watchdog.stop()
+        ctx.close()
+    _check_json(result, spec.function)
+    gathered: list[Any] = [None] * dist.world_size
+    tdist.all_gather_object(gathered, result)
+    if dist.rank == 0:
+        write_result(Path(spec.run_dir), dist, gathered, started)
+    return result
+
+
+def _stopping() -> bool:
+    return signals.received() is not None
 
 
 def _stopped(spec: RankSpec, dist: DistEnv, stop: StopForRequeue) -> dict[str, Any]:
@@ -189,15 +224,19 @@ def _stopped(spec: RankSpec, dist: DistEnv, stop: StopForRequeue) -> dict[str, A
     return {"stopped_at": stop.step}
 
 
-def _record_failure(spec: RankSpec, dist: DistEnv, ctx: RunContext, exc: Exception) -> None:
-    """Where the attempt crashed, for the failure budget (a crash at the same step twice stops)."""
-    step = ctx.active_loop.step if ctx.active_loop is not None else None
+def _record_failure(spec: RankSpec, dist: DistEnv, step: int | None, error: str) -> None:
+    """Where the attempt crashed, for the failure budget (a crash at the same step twice stops),
+    and that it crashed: the other ranks then get srun's SIGTERM, which is no stop request. A
+    device fault names this host, which the requeued job then leaves out."""
+    fault = next((words for words in DEVICE_FAULTS if words.lower() in error.lower()), None)
+    host = socket.gethostname()
     write_json(
         Path(spec.run_dir) / FAILURE,
         {
             "step": step,
             "rank": dist.rank,
-            "error": repr(exc),
+            "error": error,
+            "bad_hosts": {host: f"rank {dist.rank}: {fault}: {error[:300]}"} if fault else {},
             "job_id": dist.job_id,
             "restart_count": dist.restart_count,
             "time": time.time(),
@@ -256,11 +295,14 @@ def _run_script(spec: RankSpec, dist: DistEnv) -> int:
     """Run a torchrun-style script as this rank. A stop signal reaches it as SIGTERM, the signal
     torchrun's agent sends its workers; the script saves its own snapshot and exits, and the job is
     requeued as for a function entrypoint."""
-    assert spec.script is not None
+    assert spec.script is not None or spec.module is not None
     if dist.rank == 0:
         check_port_free(dist.master_port)
-    command = [sys.executable, spec.script, *spec.args]
-    child = subprocess.Popen(command, env=os.environ.copy())
+    command = spec.command()
+    # This process hosts the store, as torchrun's agent does: it outlives the script (module doc
+    # of job.rendezvous). The script's clients retry until it is up, so torch loads meanwhile.
+    child = subprocess.Popen(command, env={**os.environ, "TORCHELASTIC_USE_AGENT_STORE": "True"})
+    store = rendezvous.open_store(dist, spec.dist.timeout_s)
     forwarded = False
     while True:
         try:
@@ -271,6 +313,10 @@ def _run_script(spec: RankSpec, dist: DistEnv) -> int:
                 child.send_signal(signal.SIGTERM)
                 forwarded = True
     stop = signals.received()
+    if stop is None and code != 0:
+        # Before srun's SIGTERM reaches the other ranks: their stop is no stop request.
+        _record_failure(spec, dist, None, f"{shlex.join(command)} exited with status {code}")
+        raise EntrypointFailed(f"rank {dist.rank}: {shlex.join(command)} exited with status {code}")
     if stop is not None:
         if dist.rank == 0:
             write_json(
@@ -278,6 +324,7 @@ def _run_script(spec: RankSpec, dist: DistEnv) -> int:
                 {
                     "step": None,
                     "signal": signals.name(stop),
+                    "signal_at": signals.received_at(),
                     "script_status": code,
                     "job_id": dist.job_id,
                     "restart_count": dist.restart_count,
@@ -286,7 +333,5 @@ def _run_script(spec: RankSpec, dist: DistEnv) -> int:
             )
         if spec.executor == "local":
             raise SystemExit(LOCAL_REQUEUE_STATUS)
-        return code
-    if code != 0:
-        raise EntrypointFailed(f"rank {dist.rank}: {shlex.join(command)} exited with status {code}")
+    rendezvous.exit_barrier(store, dist, spec.dist.timeout_s, _stopping)
     return code

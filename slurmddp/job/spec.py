@@ -7,6 +7,7 @@ string and imported inside the rank, never pickled.
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,6 +25,7 @@ class RankSpec:
     script: str | None
     """Absolute path of a torchrun-style script."""
     args: tuple[str, ...]
+    """Command-line arguments of `script` or `module`."""
     workdir: str
     """The submit directory: ranks run there and import from there."""
     run_dir: str
@@ -39,3 +41,16 @@ class RankSpec:
     stop_signals: tuple[str, ...]
     executor: RunExecutor
     """How a stopped rank asks to be run again."""
+    module: str | None = None
+    """A dotted module name, run as `python -m module` (torchrun -m). Last, with a default, so a
+    spec pickled before it existed still loads."""
+
+    def command(self) -> list[str]:
+        """The command a script or module rank runs (`args` are `script`'s or `module`'s), as
+        torchrun would start it. `python -m` puts the working directory, the submit directory,
+        first on sys.path, so the module resolves there as it did at submit."""
+        if self.script is not None:
+            return [sys.executable, self.script, *self.args]
+        if self.module is not None:
+            return [sys.executable, "-m", self.module, *self.args]
+        raise ValueError("a function entrypoint runs in the rank itself, not as a command")

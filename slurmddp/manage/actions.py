@@ -144,7 +144,11 @@ def _saved(run_dir: Path, manifest: dict[str, Any]) -> Loaded:
 
 def last_save_seconds(output_dir: Path, name: str) -> float | None:
     """How long the newest earlier run of this experiment took to save a checkpoint, if known."""
-    for progress in sorted((output_dir / name).glob(f"*/{PROGRESS}"), reverse=True):
+    try:
+        found = sorted((output_dir / name).glob(f"*/{PROGRESS}"), reverse=True)
+    except OSError:
+        return None  # an output_dir that cannot be read: the submission itself says why
+    for progress in found:
         try:
             seconds = json.loads(progress.read_text()).get("last_save_s")
         except (OSError, ValueError):

@@ -13,7 +13,7 @@ from typing import Any
 
 from slurmddp.errors import SlurmddpError
 from slurmddp.experiment.sweep import describe
-from slurmddp.manage import runs
+from slurmddp.manage import accounting, runs
 
 
 def table(header: Sequence[str], body: Sequence[Sequence[str]]) -> str:
@@ -29,7 +29,19 @@ def table(header: Sequence[str], body: Sequence[Sequence[str]]) -> str:
 
 def status_table(target: runs.Target, rows: list[runs.Row], metric: str | None) -> str:
     shown = metric or _first_metric(rows)
-    header = ["index", "overrides", "state", "attempts", "step", shown or "metric", "elapsed", "job"]
+    header = [
+        "index",
+        "overrides",
+        "state",
+        "attempts",
+        "step",
+        shown or "metric",
+        "elapsed",
+        "cpu_h",
+        "gpu_h",
+        "lost",
+        "job",
+    ]
     body = [
         [
             "-" if row.index is None else str(row.index),
@@ -39,6 +51,7 @@ def status_table(target: runs.Target, rows: list[runs.Row], metric: str | None) 
             "-" if row.step is None else str(row.step),
             _number(row.metrics.get(shown)) if shown else "-",
             duration(row.elapsed_s),
+            *_usage_cells(row),
             row.job_id or "-",
         ]
         for row in rows
@@ -48,7 +61,21 @@ def status_table(target: runs.Target, rows: list[runs.Row], metric: str | None) 
         counts[row.state] = counts.get(row.state, 0) + 1
     summary = ", ".join(f"{n} {state.lower()}" for state, n in sorted(counts.items()))
     title = f"{target.kind} {target.manifest.get('name', '')} ({target.executor}) {target.dir}: {summary}"
-    return f"{title}\n{table(header, body)}"
+    text = f"{title}\n{table(header, body)}"
+    for row in rows:
+        # The table says what; these say why, where a run was requeued or left nodes out.
+        name = "run" if row.index is None else f"element {row.index}"
+        if row.last_end is not None and row.last_end != "completed":
+            text += f"\n{name}: last attempt: {row.last_end}"
+        for host, why in row.excluded.items():
+            text += f"\n{name}: leaves out {host}: {why}"
+    used = runs.total_usage(rows)
+    if target.kind == "sweep" and used is not None:
+        text += (
+            f"\ntotal: {_hours(used.cpu_hours)} CPU hours, {_hours(used.gpu_hours)} GPU hours, "
+            f"{duration(used.lost_hours * 3600)} lost to requeues"
+        )
+    return text
 
 
 def status_json(target: runs.Target, rows: list[runs.Row]) -> dict[str, Any]:
@@ -58,6 +85,7 @@ def status_json(target: runs.Target, rows: list[runs.Row]) -> dict[str, Any]:
         "name": target.manifest.get("name"),
         "executor": target.executor,
         "elements": [asdict(row) for row in rows],
+        "total": _usage_json(runs.total_usage(rows)),
     }
 
 
@@ -93,14 +121,25 @@ def ranked(rows: list[runs.Row], metric: str, mode: str) -> list[runs.Row]:
 
 
 def results_table(rows: list[runs.Row], keys: list[str], metrics: list[str]) -> str:
-    header = ["index", *(k.removeprefix("train.") for k in keys), "state", "step", *metrics]
+    header = [
+        "index",
+        *(k.removeprefix("train.") for k in keys),
+        "state",
+        "step",
+        *metrics,
+        "cpu_h",
+        "gpu_h",
+        "lost",
+    ]
     return table(header, [_results_cells(row, keys, metrics) for row in rows])
 
 
 def results_csv(rows: list[runs.Row], keys: list[str], metrics: list[str]) -> str:
     out = io.StringIO()
     writer = csv.writer(out)
-    writer.writerow(["index", *keys, "state", "step", *metrics, "dir"])
+    writer.writerow(
+        ["index", *keys, "state", "step", *metrics, "cpu_hours", "gpu_hours", "lost_hours", "dir"]
+    )
     for row in rows:
         writer.writerow(
             [
@@ -109,6 +148,7 @@ def results_csv(rows: list[runs.Row], keys: list[str], metrics: list[str]) -> st
                 row.state,
                 "" if row.step is None else row.step,
                 *(row.metrics.get(m, "") for m in metrics),
+                *("" if value is None else value for value in (row.cpu_hours, row.gpu_hours, row.lost_hours)),
                 row.dir,
             ]
         )
@@ -122,7 +162,24 @@ def _results_cells(row: runs.Row, keys: list[str], metrics: list[str]) -> list[s
         row.state,
         "-" if row.step is None else str(row.step),
         *(_number(row.metrics.get(m)) for m in metrics),
+        *_usage_cells(row),
     ]
+
+
+def _usage_cells(row: runs.Row) -> list[str]:
+    """CPU hours, GPU hours and the time lost to requeues; "-" where unknown (a local run)."""
+    lost = "-" if row.lost_hours is None else duration(row.lost_hours * 3600)
+    return [_hours(row.cpu_hours), _hours(row.gpu_hours), lost]
+
+
+def _hours(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
+def _usage_json(used: accounting.Usage | None) -> dict[str, float | None]:
+    if used is None:
+        return {"cpu_hours": None, "gpu_hours": None, "lost_hours": None}
+    return {"cpu_hours": used.cpu_hours, "gpu_hours": used.gpu_hours, "lost_hours": used.lost_hours}
 
 
 def plot(rows: list[runs.Row], metric: str, path: Path) -> None:

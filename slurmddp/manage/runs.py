@@ -6,6 +6,7 @@ directory plus squeue/sacct, so they work from a new shell on any login node.
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import time
 from dataclasses import dataclass, field
@@ -16,9 +17,9 @@ from slurmddp.cluster import slurm
 from slurmddp.cluster.slurm import JobState
 from slurmddp.defaults import EndReason, RunExecutor, RunKind
 from slurmddp.errors import SlurmddpError
-from slurmddp.job.attempts import final_end, read_attempts
+from slurmddp.job.attempts import excluded, final_end, read_attempts
 from slurmddp.layout import FAILURE, MANIFEST, METRICS, PROGRESS, RESULT, SWEEP
-from slurmddp.manage import index
+from slurmddp.manage import accounting, index
 
 RunState = Literal[JobState, "UNSUBMITTED"]
 """What `status` shows for a run: Slurm's state, or that it was never submitted."""
@@ -86,6 +87,8 @@ class Target:
         for element in self.elements:
             if element.index == index:
                 return element
+        if self.kind == "run":
+            raise SlurmddpError(f"--index {index}: {self.dir} is a single run, not a sweep; drop --index")
         last = len(self.elements) - 1
         raise SlurmddpError(f"{self.dir}: no element {index}; the sweep's indices are 0-{last}")
 
@@ -203,15 +206,31 @@ class Row:
     elapsed_s: float
     job_id: str | None
     dir: str
+    cpu_hours: float | None = None
+    """Over every allocation of every job the run had (see manage/accounting.py); None for a
+    local run, or when sacct cannot answer."""
+    gpu_hours: float | None = None
+    lost_hours: float | None = None
+    """Time lost to requeues: work redone after the last checkpoint, and the wait in the queue."""
+    last_end: str | None = None
+    """How the latest attempt ended, as its record says ("failure at step 3 (hung at step 3: rank 1
+    on node2 ...); leaving out node2; requeue 1 (budget 3)")."""
+    excluded: dict[str, str] = field(default_factory=dict)
+    """Hosts the run leaves out, with why (RUN_DIR/excluded.json)."""
 
 
-def rows(target: Target) -> list[Row]:
+def rows(target: Target, with_usage: bool = True) -> list[Row]:
+    """One row per element; `with_usage=False` skips the sacct call of the hours (for polling)."""
     ids = [e.job_id for e in target.elements if e.job_id is not None]
     states = slurm.job_states(ids) if target.executor == "slurm" else {}
+    every_job = [job for element in target.elements for job in element.job_ids]
+    allocations = slurm.allocations(every_job) if with_usage and target.executor == "slurm" else None
+    since = _submitted_at(target.manifest)
     now = time.time()
     out = []
     for element in target.elements:
         records = read_attempts(element.dir)
+        used = _usage(element, records, allocations, states, since, now)
         metrics, metric_step = latest_metrics(element.dir)
         progress = _read_optional(element.dir / PROGRESS).get("step")
         steps = [s for s in (progress, metric_step) if isinstance(s, int)]
@@ -226,9 +245,55 @@ def rows(target: Target) -> list[Row]:
                 elapsed_s=_elapsed(records, now),
                 job_id=element.job_id,
                 dir=str(element.dir),
+                cpu_hours=None if used is None else used.cpu_hours,
+                gpu_hours=None if used is None else used.gpu_hours,
+                lost_hours=None if used is None else used.lost_hours,
+                last_end=next((r.get("message") for r in reversed(records) if r["event"] == "end"), None),
+                excluded={host: str(why["reason"]) for host, why in excluded(element.dir).items()},
             )
         )
     return out
+
+
+def total_usage(rows: list[Row]) -> accounting.Usage | None:
+    """The figures of a sweep: the sum over its elements (None for a local sweep)."""
+    return accounting.total(
+        None
+        if row.cpu_hours is None or row.gpu_hours is None or row.lost_hours is None
+        else accounting.Usage(row.cpu_hours, row.gpu_hours, row.lost_hours)
+        for row in rows
+    )
+
+
+def _usage(
+    element: Run,
+    records: list[dict[str, Any]],
+    allocations: list[slurm.Allocation] | None,
+    states: dict[str, JobState],
+    since: float | None,
+    now: float,
+) -> accounting.Usage | None:
+    if allocations is None or not element.job_ids:
+        return None
+    mine = accounting.submitted_since((a for a in allocations if a.job_id in element.job_ids), since)
+    pending = {job for job in element.job_ids if states.get(job) in accounting.PENDING_AGAIN}
+    return accounting.usage(mine, records, now, pending)
+
+
+def _submitted_at(manifest: dict[str, Any]) -> float | None:
+    """When the run (or the sweep's first submission) was submitted, as Unix time, if recorded."""
+    times = [s.get("submitted_at") for s in manifest.get("submissions", ())]
+    times.append(manifest.get("submitted_at"))
+    known = []
+    for value in times:
+        if isinstance(value, (int, float)):
+            known.append(float(value))
+        elif isinstance(value, str):
+            try:
+                known.append(dt.datetime.fromisoformat(value).timestamp())
+            except ValueError:
+                continue
+    return min(known) if known else None
 
 
 def _elapsed(records: list[dict[str, Any]], now: float) -> float:

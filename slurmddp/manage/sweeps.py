@@ -25,7 +25,7 @@ def run_local(
     plan: SubmissionPlan, loaded: Loaded, elements: list[SweepElement], argv: list[str], out: TextIO
 ) -> int:
     """Without Slurm the elements run one after another on this machine, each as its own job."""
-    plan.run_dir.mkdir(parents=True)
+    submitter.make_run_dir(plan.run_dir, loaded.experiment)
     manifest = submitter.sweep_manifest(plan, loaded, elements, argv)
     write_json(plan.run_dir / SWEEP, manifest)
     index.remember(plan.run_dir, "sweep", plan.job_name, "local")
@@ -48,7 +48,7 @@ def wait(sweep_dir: Path, out: TextIO, poll_s: float = 5.0) -> int:
     quiet = 0
     # Two quiet polls in a row: a requeued element can be between two states for a moment.
     while quiet < 2:
-        active = any(row.state in runs.ACTIVE_STATES for row in runs.rows(target))
+        active = any(row.state in runs.ACTIVE_STATES for row in runs.rows(target, with_usage=False))
         quiet = 0 if active else quiet + 1
         time.sleep(poll_s if active else 1.0)
     rows = print_status(sweep_dir, out)

@@ -15,7 +15,7 @@ from typing import Any
 from slurmddp.cluster.timespec import minutes_ceil, parse_time
 from slurmddp.defaults import ALWAYS_STOP_ON, RunExecutor
 from slurmddp.errors import ConfigError
-from slurmddp.experiment.entrypoint import check_function, check_script
+from slurmddp.experiment.entrypoint import check_function, check_module, check_script
 from slurmddp.experiment.load import Loaded
 from slurmddp.experiment.schema import Experiment
 from slurmddp.job.spec import RankSpec
@@ -114,13 +114,14 @@ def rank_spec(
 
     def check(kind: str, value: str | None) -> str | None:
         if (kind, str(value)) not in checked:
-            check_fn = check_function if kind == "function" else check_script
+            check_fn = {"function": check_function, "script": check_script, "module": check_module}[kind]
             checked[kind, str(value)] = _maybe(check_fn, value, workdir, loaded.source.parent)
         return checked[kind, str(value)]
 
     return RankSpec(
         function=check("function", exp.entrypoint.function),
         script=check("script", exp.entrypoint.script),
+        module=check("module", exp.entrypoint.module),
         args=tuple(exp.entrypoint.args),
         workdir=str(workdir),
         run_dir=str(run_dir),
@@ -236,12 +237,12 @@ def local_parameters(exp: Experiment) -> dict[str, Any]:
 
 def slurm_notes(exp: Experiment) -> tuple[str, ...]:
     if (
-        exp.entrypoint.script is not None
+        exp.entrypoint.function is None
         and exp.resources.gpu_binding == "task"
         and exp.resources.gpus_per_node
     ):
         return (
-            "gpu_binding=task: each task sees only its own GPU, so the script must use cuda:0 "
+            "gpu_binding=task: each task sees only its own GPU, so the script or module must use cuda:0 "
             "(or $SLURMDDP_DEVICE), not cuda:$LOCAL_RANK",
         )
     return ()

@@ -19,9 +19,11 @@ from submitit.core.utils import FailedJobError
 
 from slurmddp import yamlio
 from slurmddp.cluster import slurm
-from slurmddp.errors import SubmitError
+from slurmddp.defaults import OUTPUT_DIR_MODES
+from slurmddp.errors import ConfigError, SubmitError
 from slurmddp.experiment.load import Loaded, SweepElement
-from slurmddp.files import write_atomic, write_json
+from slurmddp.experiment.schema import Experiment
+from slurmddp.files import make_dirs, no_group_write, remove_dirs, write_atomic, write_json
 from slurmddp.job.rank import Rank
 from slurmddp.layout import CONFIG, MANIFEST, SWEEP
 from slurmddp.submit.plan import SubmissionPlan
@@ -65,26 +67,63 @@ def _hint(said: str) -> str:
     return ""
 
 
+def make_run_dir(run_dir: Path, exp: Experiment, folder: Path | None = None) -> list[Path]:
+    """Create a run or sweep directory, OUTPUT_DIR/NAME where missing, and submitit's `folder`
+    inside it, with the permissions `output_mode` gives; the directories created, for `discard`.
+
+    The first thing a submission does: a path that cannot be created is a mistake in the config,
+    refused with the OS's reason before Slurm is asked anything, and nothing is left behind.
+    """
+    mode = OUTPUT_DIR_MODES[exp.output_mode]
+    created: list[Path] = []
+    try:
+        created = make_dirs(run_dir, mode)
+        if folder is not None:
+            created += make_dirs(folder, mode)
+    except OSError as exc:
+        remove_dirs(created)
+        raise ConfigError(cannot_create(exp.output_dir, run_dir, exc)) from None
+    return created
+
+
+def cannot_create(output_dir: str, run_dir: Path, exc: OSError) -> str:
+    """What to say when the run directory `run_dir` under `output_dir` cannot be created."""
+    reason = exc.strerror or str(exc)
+    where = f": {exc.filename}" if exc.filename else ""
+    return (
+        f"output_dir: cannot create the run directory {run_dir} (output_dir={output_dir!r}): "
+        f"{reason}{where}; nothing was submitted. Set output_dir, in the experiment or as "
+        "output_dir=PATH, to a directory you can create and write, on a filesystem the nodes share"
+    )
+
+
+def discard(run_dir: Path, created: list[Path]) -> None:
+    """Remove a run directory that was never submitted, and the parents `make_run_dir` created."""
+    shutil.rmtree(run_dir, ignore_errors=True)
+    remove_dirs(created)
+
+
 def submit(plan: SubmissionPlan, loaded: Loaded, argv: list[str]) -> Submission:
     """Create the run directory, submit, record the manifest; on refusal leave nothing behind."""
-    if plan.executor == "slurm":
-        check_schedulable(plan)
-    plan.run_dir.mkdir(parents=True, exist_ok=False)
+    created = make_run_dir(plan.run_dir, loaded.experiment, plan.folder)
     try:
+        if plan.executor == "slurm":
+            check_schedulable(plan)
         write_atomic(plan.run_dir / CONFIG, yamlio.dump(loaded.resolved))
         executor = _executor(plan)
         stderr = io.StringIO()
         # submitit prints sbatch's stderr itself before raising; it is shown once, in our error.
-        with contextlib.redirect_stderr(stderr):
+        # The job pickle it writes must not be group-writable, or the ranks refuse it (job.trust).
+        with contextlib.redirect_stderr(stderr), no_group_write():
             job = executor.submit(Rank(plan.rank))
     except FailedJobError as exc:
-        shutil.rmtree(plan.run_dir, ignore_errors=True)
+        discard(plan.run_dir, created)
         said = str(exc)
         raise SubmitError(
             f"sbatch refused the job; nothing was submitted. sbatch said:\n{said}{_hint(said)}"
         ) from None
     except BaseException:
-        shutil.rmtree(plan.run_dir, ignore_errors=True)
+        discard(plan.run_dir, created)
         raise
     manifest = {**_described(plan, loaded, argv), "job_id": str(job.job_id)}
     write_json(plan.run_dir / MANIFEST, manifest)
@@ -104,20 +143,21 @@ def check_array_size(count: int, limit: int | None) -> None:
 def submit_sweep(plan: SubmissionPlan, loaded: Loaded, elements: list[SweepElement], argv: list[str]) -> str:
     """Create the sweep directory and every element's, submit one array, record the manifest;
     returns the array job id. On refusal nothing is left behind."""
-    check_array_size(len(elements), slurm.max_array_size())
-    check_schedulable(plan)
     sweep_dir = plan.run_dir
-    sweep_dir.mkdir(parents=True, exist_ok=False)
+    created = make_run_dir(sweep_dir, loaded.experiment, plan.folder)
+    mode = OUTPUT_DIR_MODES[loaded.experiment.output_mode]
     try:
+        check_array_size(len(elements), slurm.max_array_size())
+        check_schedulable(plan)
         manifest = sweep_manifest(plan, loaded, elements, argv)
         for element in elements:
             # Plain writes: a thousand fsyncs would dominate the submit; the manifest, written
             # durably after them, is what makes the sweep exist.
-            (sweep_dir / element.dir_name).mkdir()
+            make_dirs(sweep_dir / element.dir_name, mode)
             (sweep_dir / element.dir_name / CONFIG).write_text(yamlio.dump(element.loaded.resolved))
         job_id = submit_array(plan, manifest, [e.index for e in elements])
     except BaseException:
-        shutil.rmtree(sweep_dir, ignore_errors=True)
+        discard(sweep_dir, created)
         raise
     return job_id
 
@@ -166,7 +206,7 @@ def submit_array(plan: SubmissionPlan, manifest: dict[str, Any], indices: list[i
     executor = _executor(plan)
     stderr = io.StringIO()
     try:
-        with contextlib.redirect_stderr(stderr), executor.batch():
+        with contextlib.redirect_stderr(stderr), no_group_write(), executor.batch():
             jobs = [executor.submit(Rank(spec)) for spec in plan.array]
     except FailedJobError as exc:
         manifest["submissions"].pop()

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from conftest import QUICKSTART, ROOT, SYNTHETIC, only_run, run_dirs, slurmddp
 from fake_sysfs import build_dgx_h100
+from torchrun_module import PACKAGE, write_package
 
 TORCHRUN = ROOT / "examples" / "torchrun_script.yaml"
 STEPS = "train.steps=60"
@@ -74,6 +75,30 @@ def test_torchrun_script_gets_the_rank_variables(slurm_env: dict[str, str], tmp_
         assert seen["GROUP_RANK"] == seen["SLURM_NODEID"] and seen["LOCAL_WORLD_SIZE"] == "2"
         assert seen["MASTER_ADDR"] == hosts[0] and seen["MASTER_PORT"] == ranks[0]["MASTER_PORT"]
         assert seen["OMP_NUM_THREADS"] == "1" and seen["threads"] == 1
+
+
+def test_module_entrypoint_runs_across_two_nodes(slurm_env: dict[str, str], tmp_path: Path) -> None:
+    """`entrypoint.module` (torchrun -m): every rank runs `python -m ddpmod ARGS` from the submit
+    directory, 2 nodes x 2 ranks, with torchrun's variables."""
+    write_package(tmp_path)
+    exp = tmp_path / "mod.yaml"
+    exp.write_text(
+        f"entrypoint: -m {PACKAGE} --tag 'on the lab' --n 2\n"
+        "resources:\n  nodes: 2\n  tasks_per_node: 2\n  time: '00:10:00'\n"
+    )
+    out = tmp_path / "runs"
+    proc = slurmddp(slurm_env, tmp_path, "submit", str(exp), f"output_dir={out}", "--wait")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    run = only_run(out)
+    ranks = [json.loads((run / f"rank_{rank}.json").read_text()) for rank in range(4)]
+    hosts = [seen["hostname"] for seen in ranks]
+    assert hosts[0] == hosts[1] != hosts[2] == hosts[3]
+    for rank, seen in enumerate(ranks):
+        assert (seen["rank"], seen["world_size"], seen["sum"]) == (rank, 4, 6.0)
+        assert (seen["tag"], seen["n"]) == ("on the lab", 2)
+        assert (seen["name"], seen["package"]) == ("__main__", PACKAGE)
+        assert seen["cwd"] == seen["path0"] == str(tmp_path)
+        assert seen["env"]["RANK"] == str(rank) and seen["env"]["MASTER_ADDR"] == hosts[0]
 
 
 @pytest.mark.parametrize(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -27,15 +28,26 @@ def attempt(
     failure_step: int | None = None,
     status: int = 0,
     preempt: str | None = None,
+    left: float | None = 60.0,
+    crashed_before_stop: bool = True,
 ) -> int:
+    """One attempt: `left` is squeue's time left when it ends (the signal came 1 s earlier)."""
     env = {**ENV, "SLURM_RESTART_COUNT": str(restart)}
     me = {"job_id": "77", "restart_count": restart}
     assert attempts.begin(path, env, now=1000.0 + restart) == 0
+    now = time.time()
     if stop:
-        (path / "stop.json").write_text(json.dumps({"step": 10 * (restart + 1), **me}))
+        (path / "stop.json").write_text(
+            json.dumps(
+                {"step": 10 * (restart + 1), "signal": "TERM", "signal_at": now - 1, "time": now, **me}
+            )
+        )
     if failure_step is not None:
-        (path / "failure.json").write_text(json.dumps({"step": failure_step, **me}))
-    return attempts.end(path, status, env, now=1001.0 + restart, preempt_time=lambda job: preempt)
+        crashed = now - 2 if crashed_before_stop else now
+        (path / "failure.json").write_text(json.dumps({"step": failure_step, "time": crashed, **me}))
+    return attempts.end(
+        path, status, env, now=1001.0 + restart, preempt_time=lambda job: preempt, time_left=lambda job: left
+    )
 
 
 def ends(path: Path) -> list[dict[str, object]]:
@@ -143,3 +155,88 @@ def test_a_run_whose_ranks_all_returned_is_completed_whatever_srun_says(
     (later / "result.json").write_text(json.dumps({"job_id": "77", "restart_count": 0}))
     assert attempt(later, 1, status=140) == 0
     assert ends(later)[-1]["reason"] == "failure"
+
+
+def test_a_stop_long_before_the_time_limit_without_preemption_is_a_failure(tmp_path: Path) -> None:
+    """srun's --kill-on-bad-exit SIGTERMs the ranks that survive a crash: rank 0 stops and
+    records it, but nothing asked the job to stop."""
+    path = run_dir(tmp_path, max_failures=5)
+    assert attempt(path, 0, stop=True, left=500.0) == 0
+    (record,) = ends(path)
+    assert record["reason"] == "failure" and record["requeue"] is True
+    assert "SIGTERM with 501 s of the time limit left" in str(record["message"])
+    # Within the signal's lead (120 s by default, Slurm up to 60 s early): the time limit.
+    assert attempt(path, 1, stop=True, left=170.0) == 0
+    assert ends(path)[-1]["reason"] == "timeout"
+    # No time limit to go by: the signal is believed.
+    assert attempt(path, 2, stop=True, left=None) == 0
+    assert ends(path)[-1]["reason"] == "timeout"
+
+
+def test_a_crash_recorded_before_the_stop_is_a_failure_whatever_the_time(tmp_path: Path) -> None:
+    path = run_dir(tmp_path, max_failures=5)
+    assert attempt(path, 0, stop=True, failure_step=4, status=1, left=30.0) == 0
+    assert [(r["reason"], r["step"]) for r in ends(path)] == [("failure", 4)]
+    # The same step again: the crash guard applies to crashes the other ranks were stopped after.
+    assert attempt(path, 1, stop=True, failure_step=4, status=1, left=30.0) == 1
+    assert "step 4 twice" in str(ends(path)[-1]["message"])
+
+
+def test_a_failure_recorded_after_the_stop_does_not_turn_a_preemption_into_one(tmp_path: Path) -> None:
+    path = run_dir(tmp_path)
+    attempt(
+        path, 0, stop=True, failure_step=4, status=1, preempt="2026-11-22T01:00:00", crashed_before_stop=False
+    )
+    assert ends(path)[-1]["reason"] == "preemption"
+
+
+def bad_node_attempt(path: Path, restart: int, bad: dict[str, str], total: int | None = 3) -> int:
+    env = {
+        **ENV,
+        "SLURM_RESTART_COUNT": str(restart),
+        "SLURM_JOB_PARTITION": "debug",
+        "SLURM_JOB_NUM_NODES": "2",
+    }
+    me = {"job_id": "77", "restart_count": restart}
+    assert attempts.begin(path, env, now=1000.0 + restart) == 0
+    record = {"step": None, "retry": False, "error": "preflight failed", "bad_hosts": bad, "time": 1.0, **me}
+    (path / "failure.json").write_text(json.dumps(record))
+    return attempts.end(
+        path, 1, env, now=1001.0 + restart, preempt_time=lambda job: None, partition_nodes=lambda part: total
+    )
+
+
+def test_a_bad_node_is_left_out_of_the_requeued_job(tmp_path: Path, slurm_commands: list[list[str]]) -> None:
+    path = run_dir(tmp_path, max_failures=3)
+    assert bad_node_attempt(path, 0, {"node2": "preflight: node2 is slow"}) == 0
+    (record,) = ends(path)
+    assert record["requeue"] is True and "leaving out node2" in str(record["message"])
+    assert attempts.excluded(path) == {
+        "node2": {"reason": "preflight: node2 is slow", "attempt": 0, "time": 1001.0}
+    }
+    # Held while its excluded nodes change, so it cannot start on node2 in between.
+    assert slurm_commands == [
+        ["scontrol", "requeuehold", "77"],
+        ["scontrol", "update", "JobId=77", "ExcNodeList=node2"],
+        ["scontrol", "release", "77"],
+    ]
+
+
+def test_leaving_out_is_capped_so_the_job_can_still_start(
+    tmp_path: Path, slurm_commands: list[list[str]]
+) -> None:
+    """3 nodes in the partition, a 2-node job: one node can be left out, not two."""
+    path = run_dir(tmp_path, max_failures=5)
+    assert bad_node_attempt(path, 0, {"node2": "hung"}) == 0
+    assert bad_node_attempt(path, 1, {"node3": "hung"}) == 1
+    last = ends(path)[-1]
+    assert last["requeue"] is False and "would leave 1 of partition debug's 3 nodes for a job of 2" in str(
+        last["message"]
+    )
+    assert list(attempts.excluded(path)) == ["node2"]
+
+
+def test_a_preflight_failure_without_a_named_node_is_still_final(tmp_path: Path) -> None:
+    path = run_dir(tmp_path, max_failures=3)
+    assert bad_node_attempt(path, 0, {}) == 1
+    assert ends(path)[-1]["message"] == "preflight failed: not retrying"

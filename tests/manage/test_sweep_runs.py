@@ -49,6 +49,7 @@ def test_status_rows_read_the_run_directories(tmp_path: Path, monkeypatch: pytes
     assert target.kind == "sweep" and target.element(1).job_id == "40_1"
     asked: list[list[str]] = []
     monkeypatch.setattr(slurm, "job_states", lambda ids: asked.append(ids) or {"40_1": "PENDING"})
+    monkeypatch.setattr(slurm, "allocations", lambda ids: None)  # sacct without accounting
     rows = runs.rows(target)
     assert asked == [["40_0", "40_1"]]
     assert [(r.state, r.attempts, r.step, r.metrics, r.elapsed_s) for r in rows] == [
@@ -57,7 +58,8 @@ def test_status_rows_read_the_run_directories(tmp_path: Path, monkeypatch: pytes
     ]
     text = report.status_table(target, rows, "loss")
     assert "1 completed, 1 pending" in text
-    assert text.splitlines()[2].split() == ["0", "lr=0.1", "COMPLETED", "2", "90", "1.5", "0:00:50", "40_0"]
+    cells = ["0", "lr=0.1", "COMPLETED", "2", "90", "1.5", "0:00:50", "-", "-", "-", "40_0"]
+    assert text.splitlines()[2].split() == cells  # no accounting: no hours, not zero hours
     assert [r.index for r in report.ranked(rows, "loss", "min")] == [0, 1]
     with pytest.raises(SlurmddpError, match="no element logged a metric named 'acc'; logged metrics: loss"):
         report.ranked(rows, "acc", "max")

@@ -1,0 +1,68 @@
+"""The job's rendezvous store (TCPStore), kept alive until every rank is done with it.
+
+When rank 0's own process hosts the store, as `init_process_group("env://")` arranges, the store
+goes away the moment rank 0 exits; a rank still tearing down its process group then talks to a
+closed socket, and a script rank died at its end with `terminate called without an active
+exception` (4 of 7 first attempts of a public 2-rank script on the lab; 0 of 4 under torchrun).
+torchrun keeps the store in its agent, which outlives every worker and leaves only after an exit
+barrier. The rank's own process plays the agent here: for a script it hosts the store on rank 0
+(the script connects as a client, TORCHELASTIC_USE_AGENT_STORE=True); for a function the runtime
+creates the store and hands it to init_process_group. Either way rank 0 leaves only once every
+rank has checked out, or the barrier's timeout has passed.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable
+from datetime import timedelta
+from typing import TYPE_CHECKING
+
+from slurmddp.job.distenv import DistEnv
+
+if TYPE_CHECKING:
+    from torch._C._distributed_c10d import Store
+
+EXITED_KEY = "slurmddp/exited"
+POLL_S = 0.05
+
+
+def open_store(dist: DistEnv, timeout_s: float) -> Store:
+    """The job's store: hosted by rank 0's process, a client everywhere else."""
+    # Where torch.distributed's TCPStore is defined; the re-export is untyped.
+    from torch._C._distributed_c10d import TCPStore
+
+    return TCPStore(
+        host_name=dist.master_addr,
+        port=dist.master_port,
+        world_size=dist.world_size,
+        is_master=dist.rank == 0,
+        timeout=timedelta(seconds=timeout_s),
+        # init_process_group (or the script's own rendezvous) is the barrier at the start.
+        wait_for_workers=False,
+    )
+
+
+def exit_barrier(store: Store, dist: DistEnv, timeout_s: float, stopping: Callable[[], bool]) -> bool:
+    """Check this rank out; on rank 0, wait for every rank to have done so. False when rank 0
+    gave up: on a stop signal (the step is ending: the time limit, or srun ending the ranks after
+    one died, which took its check-out with it), or after `timeout_s`."""
+    checked_out = store.add(EXITED_KEY, 1)
+    if dist.rank != 0:
+        return True
+    deadline = time.monotonic() + timeout_s
+    while checked_out < dist.world_size:
+        if stopping():
+            return False
+        if time.monotonic() > deadline:
+            print(
+                f"slurmddp: {dist.world_size - checked_out} rank(s) had not finished {timeout_s:.0f} s "
+                "after rank 0; closing the rendezvous store without them",
+                file=sys.stderr,
+                flush=True,
+            )
+            return False
+        time.sleep(POLL_S)
+        checked_out = store.add(EXITED_KEY, 0)
+    return True

@@ -1,0 +1,250 @@
+"""A watchdog beside the training thread: when a rank stops making progress, every rank says where
+it is, the rank that did not arrive is named, and the attempt ends as a failure to be requeued.
+
+Progress is what the training thread reports for free: a step of ctx.loop, a batch of an
+evaluation loader, a ctx.log/reduce/gather call. A collective waiting on a dead or stuck peer only
+fails after dist.timeout_s, and a rank stuck outside any collective (a deadlocked data pipeline, a
+rank that stopped calling collectives) never fails at all: srun waits until the time limit.
+
+When the watchdog fires, each rank writes into RUN_DIR/hangs/JOB.RESTART/:
+- rank_R.stacks.txt: every thread's Python stack (faulthandler, which needs no GIL handoff from a
+  thread blocked in C);
+- rank_R.nccl_trace: the NCCL flight recorder, when the backend is NCCL;
+- rank_R.json: its step, host, whether its main thread waits inside a collective, and its innermost
+  frame.
+Rank 0 then names the ranks that did not arrive (those not waiting in a collective, or that never
+reported), writes summary.json and the attempt's failure record (their hosts as bad hosts, which
+the requeued job leaves out), and every rank exits with HANG_EXIT_STATUS; srun's
+--kill-on-bad-exit ends the rest and the batch script requeues.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import json
+import os
+import socket
+import sys
+import sysconfig
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from slurmddp.cluster import hostlist
+from slurmddp.files import write_json
+from slurmddp.job.distenv import DistEnv
+from slurmddp.layout import FAILURE, HANGS
+
+AUTO_FLOOR_S = 300.0
+"""The automatic timeout is never shorter: a slow first evaluation is not a hang."""
+AUTO_FACTOR = 20.0
+"""The automatic timeout: this many times the slowest gap between two beats seen so far."""
+GATHER_S = 20.0
+"""How long rank 0 waits for every rank's report, and the others for rank 0's summary."""
+POLL_S = 1.0
+HANG_EXIT_STATUS = 86
+
+# A main thread with one of these in its stack waits for its peers (a collective, DDP's gradient
+# all-reduce finishing in the backward pass, the store), not for work of its own.
+_WAITING_IN = (
+    f"torch{os.sep}distributed{os.sep}",
+    f"torch{os.sep}nn{os.sep}parallel{os.sep}distributed.py",
+    f"torch{os.sep}autograd{os.sep}",
+)
+
+
+_NOT_USER = (f"{os.sep}slurmddp{os.sep}", f"{os.sep}torch{os.sep}", "<frozen ")
+_STDLIB = tuple({sysconfig.get_path("stdlib"), sysconfig.get_path("platstdlib")})
+
+
+class Watchdog:
+    """Started by the runtime for a function entrypoint; the training side calls `beat` and
+    `at(step)` and, after its loop, `rest()`."""
+
+    def __init__(
+        self,
+        run_dir: Path,
+        dist: DistEnv,
+        timeout_s: int | None,
+        exit: Callable[[int], None] = os._exit,
+    ) -> None:
+        self._dir = run_dir / HANGS / f"{dist.job_id or 'local'}.{dist.restart_count}"
+        self._run_dir = run_dir
+        self._dist = dist
+        self._fixed = float(timeout_s) if timeout_s else None
+        self._exit = exit
+        self._step: int | None = None
+        self._last = time.monotonic()
+        self._slowest = 0.0
+        self._armed = False
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="slurmddp-watchdog", daemon=True)
+        self._thread.start()
+
+    def beat(self) -> None:
+        now = time.monotonic()
+        if self._armed:
+            self._slowest = max(self._slowest, now - self._last)
+        self._last = now
+
+    def at(self, step: int) -> None:
+        """A training step starts: the watchdog is armed from the first."""
+        self._step = step
+        self.beat()
+        self._armed = True
+
+    def rest(self) -> None:
+        """The loop is over (final evaluation and saving are not steps)."""
+        self._armed = False
+
+    def stop(self) -> None:
+        self._done.set()
+
+    def limit_s(self) -> float:
+        return self._fixed if self._fixed is not None else max(AUTO_FLOOR_S, AUTO_FACTOR * self._slowest)
+
+    def _watch(self) -> None:
+        while not self._done.wait(POLL_S):
+            idle = time.monotonic() - self._last
+            if self._armed and idle > self.limit_s():
+                self._fire(idle)
+                return
+
+    def _fire(self, idle: float) -> None:
+        self._dir.mkdir(parents=True, exist_ok=True)
+        rank = self._dist.rank
+        with (self._dir / f"rank_{rank}.stacks.txt").open("w") as handle:
+            faulthandler.dump_traceback(handle, all_threads=True)
+        _dump_nccl_trace(self._dir / f"rank_{rank}.nccl_trace")
+        main = sys._current_frames().get(threading.main_thread().ident or -1)
+        report = {
+            "rank": rank,
+            "host": socket.gethostname(),
+            "step": self._step,
+            "idle_s": round(idle, 1),
+            "limit_s": round(self.limit_s(), 1),
+            "waiting": waiting_in_collective(main),
+            "where": innermost(main),
+        }
+        write_json(self._dir / f"rank_{rank}.json", report)
+        print(
+            f"slurmddp: rank {rank}: no progress for {idle:.0f} s at step {self._step} "
+            f"(dist.hang_timeout_s {self.limit_s():.0f}); stacks in {self._dir}",
+            file=sys.stderr,
+            flush=True,
+        )
+        summary = self._dir / "summary.json"
+        if rank == 0:
+            reports = _collect(self._dir, self._dist.world_size, time.monotonic() + GATHER_S)
+            cause, culprits = diagnose(reports, self._dist.world_size, hosts(self._dist, os.environ))
+            write_json(summary, {"cause": cause, "reports": reports})
+            write_json(
+                self._run_dir / FAILURE,
+                {
+                    "step": self._step,
+                    "rank": rank,
+                    "error": f"hang: {cause}",
+                    "cause": cause,
+                    "bad_hosts": {host: cause for host in culprits if host != "?"},
+                    "hang_dir": str(self._dir),
+                    "job_id": self._dist.job_id,
+                    "restart_count": self._dist.restart_count,
+                    "time": time.time(),
+                },
+            )
+            print(f"slurmddp: {cause}; ending the attempt", file=sys.stderr, flush=True)
+        else:
+            # Leaving first would let srun end rank 0 before it recorded why.
+            deadline = time.monotonic() + 2 * GATHER_S
+            while not summary.exists() and time.monotonic() < deadline:
+                time.sleep(0.2)
+        self._exit(HANG_EXIT_STATUS)
+
+
+def waiting_in_collective(frame: FrameType | None) -> bool:
+    while frame is not None:
+        if any(part in frame.f_code.co_filename for part in _WAITING_IN):
+            return True
+        frame = frame.f_back
+    return False
+
+
+def innermost(frame: FrameType | None) -> str:
+    """The innermost frame outside slurmddp, torch and the standard library: the user's line
+    (`Event.wait` in threading.py says less than the line that called it)."""
+    while frame is not None:
+        name = frame.f_code.co_filename
+        if not name.startswith(_STDLIB) and not any(part in name for part in _NOT_USER):
+            return f"{name}:{frame.f_lineno} in {frame.f_code.co_name}"
+        frame = frame.f_back
+    return "?"
+
+
+def diagnose(
+    reports: Sequence[Mapping[str, Any]], world_size: int, where: Sequence[str]
+) -> tuple[str, list[str]]:
+    """Which ranks did not arrive, in words, and their hosts: those that never reported (stuck
+    holding the GIL, or dead), else those not waiting on their peers, else those behind the others."""
+    by_rank = {int(r["rank"]): r for r in reports}
+    steps = [r["step"] for r in reports if r["step"] is not None]
+    step = min(steps) if steps else None
+    missing = [rank for rank in range(world_size) if rank not in by_rank]
+    at = f"hung at step {step}" if step is not None else "hung"
+    if missing:
+        names = ", ".join(f"rank {rank} on {_host(where, rank)}" for rank in missing)
+        hosts = [_host(where, rank) for rank in missing]
+        return f"{at}: {names} did not report (its process is stuck or gone)", hosts
+    culprits = [r for r in reports if not r["waiting"]]
+    if not culprits and len(set(steps)) > 1:
+        culprits = [r for r in reports if r["step"] == step]
+    if not culprits:
+        return f"{at}: every rank waits in a collective (ranks calling different collectives?)", []
+    names = ", ".join(f"rank {r['rank']} on {r['host']} (in {r['where']})" for r in culprits)
+    return f"{at}: {names} did not arrive", [str(r["host"]) for r in culprits]
+
+
+def hosts(dist: DistEnv, env: Mapping[str, str]) -> list[str]:
+    """The host of every rank: Slurm places ranks in blocks of local_world_size per node."""
+    nodes = hostlist.expand(env["SLURM_JOB_NODELIST"]) if env.get("SLURM_JOB_NODELIST") else []
+    if not nodes:
+        return [socket.gethostname()] * dist.world_size
+    return [nodes[min(r // dist.local_world_size, len(nodes) - 1)] for r in range(dist.world_size)]
+
+
+def _host(where: Sequence[str], rank: int) -> str:
+    return where[rank] if rank < len(where) else "?"
+
+
+def _collect(folder: Path, world_size: int, deadline: float) -> list[dict[str, Any]]:
+    while True:
+        reports = []
+        for path in sorted(folder.glob("rank_*.json")):
+            try:
+                reports.append(json.loads(path.read_text()))
+            except (OSError, ValueError):
+                continue  # being written
+        if len(reports) >= world_size or time.monotonic() > deadline:
+            return reports
+        time.sleep(0.2)
+
+
+def _dump_nccl_trace(path: Path) -> None:
+    """The NCCL flight recorder's entries, where this torch has them and the backend is NCCL."""
+    if "torch.distributed" not in sys.modules:
+        return  # no process group without it (and importing torch now would take seconds)
+    try:
+        import torch.distributed as tdist
+
+        if not tdist.is_initialized() or tdist.get_backend() != "nccl":
+            return
+        import torch._C._distributed_c10d as c10d
+
+        # Private, and only in CUDA builds; its pickle is what torch's fr_trace tool reads.
+        dump = getattr(c10d, "_dump_nccl_trace", None)
+        if dump is not None:
+            path.write_bytes(dump())
+    except Exception as exc:  # a diagnostic must not stop the others being written
+        print(f"slurmddp: no NCCL flight recorder dump: {exc!r}", file=sys.stderr, flush=True)

@@ -1,0 +1,229 @@
+"""Crashes named right and a rendezvous store that outlives every rank, on the real lab cluster."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import only_run, slurmddp
+
+from slurmddp.cluster import hostlist
+
+pytestmark = pytest.mark.slurm
+
+# Rank 1 aborts (SIGABRT, no Python exception, nothing recorded by it) after 3 all-reduces, on the
+# first attempt only; the second attempt runs to the end.
+CRASH_ONCE = """
+import os, time
+import torch, torch.distributed as dist
+
+dist.init_process_group("gloo")
+first = os.environ["SLURM_RESTART_COUNT"] == "0"
+for step in range(6):
+    dist.all_reduce(torch.ones(1))
+    if first and dist.get_rank() == 1 and step == 3:
+        os.abort()
+    time.sleep(0.2)
+dist.destroy_process_group()
+"""
+
+# A training function whose rank 1 aborts at step 5 on every attempt.
+CRASH_AT_5 = """
+import os
+import torch
+from slurmddp import RunContext
+
+def train(ctx: RunContext) -> dict:
+    torch.manual_seed(0)
+    model = torch.nn.Linear(8, 1)
+    ddp = ctx.ddp(model)
+    optimizer = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    for step in ctx.loop(20, model=model, optimizer=optimizer):
+        if step == 5 and ctx.rank == 1:
+            os.abort()
+        optimizer.zero_grad()
+        ddp(torch.ones(4, 8)).sum().backward()
+        optimizer.step()
+    return {"step": 20}
+"""
+
+# Rank 0 is done first and exits; the others still tear down their process group afterwards.
+RANK0_FIRST = """
+import time
+import torch, torch.distributed as dist
+
+dist.init_process_group("gloo")
+dist.all_reduce(torch.ones(1))
+if dist.get_rank() != 0:
+    time.sleep(0.3)
+dist.destroy_process_group()
+"""
+
+
+def ends(run: Path) -> list[dict[str, Any]]:
+    records = [json.loads(line) for line in (run / "attempts.jsonl").read_text().splitlines()]
+    return [r for r in records if r["event"] == "end"]
+
+
+def experiment(folder: Path, entrypoint: str, nodes: int, tasks: int, extra: str = "") -> Path:
+    path = folder / "exp.yaml"
+    path.write_text(
+        f"entrypoint: {entrypoint}\n"
+        f"resources: {{nodes: {nodes}, tasks_per_node: {tasks}, time: '00:10:00'}}\n" + textwrap.dedent(extra)
+    )
+    return path
+
+
+def test_a_script_rank_that_aborts_is_a_failure_not_a_time_limit(
+    slurm_env: dict[str, str], tmp_path: Path
+) -> None:
+    """srun's --kill-on-bad-exit SIGTERMs rank 0 after rank 1 aborted; that is no stop request.
+    (Before: `timeout; requeue 1 (budget 20)`.)"""
+    (tmp_path / "crash_once.py").write_text(CRASH_ONCE)
+    exp = experiment(tmp_path, "crash_once.py", nodes=2, tasks=1)
+    out = tmp_path / "runs"
+    proc = slurmddp(slurm_env, tmp_path, "submit", str(exp), f"output_dir={out}", "--wait")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    first, second = ends(only_run(out))
+    assert (first["reason"], first["requeue"]) == ("failure", True), first
+    assert "requeue 1 (budget 3)" in first["message"]
+    assert second["reason"] == "completed"
+
+
+def test_a_function_rank_that_aborts_at_the_same_step_twice_stops_the_job(
+    slurm_env: dict[str, str], tmp_path: Path
+) -> None:
+    (tmp_path / "crash_at_5.py").write_text(CRASH_AT_5)
+    exp = experiment(
+        tmp_path, "crash_at_5.py:train", nodes=1, tasks=3, extra="checkpoint: {every_steps: 2}\n"
+    )
+    out = tmp_path / "runs"
+    proc = slurmddp(slurm_env, tmp_path, "submit", str(exp), f"output_dir={out}", "--wait")
+    assert proc.returncode != 0, proc.stdout + proc.stderr
+    records = ends(only_run(out))
+    assert [(r["reason"], r["step"], r["requeue"]) for r in records] == [
+        ("failure", 5, True),
+        ("failure", 5, False),
+    ], records
+    assert "crashed at step 5 twice in a row" in records[-1]["message"]
+
+
+@pytest.mark.parametrize(("nodes", "tasks"), [(1, 2), (2, 1)])
+def test_rank_0_finishing_first_never_aborts_the_others(
+    slurm_env: dict[str, str], tmp_path: Path, nodes: int, tasks: int
+) -> None:
+    """30 runs (one array) of a 2-rank script whose rank 0 exits first: the store lives in the
+    rank's own process until every rank checked out, so no rank dies at its end."""
+    (tmp_path / "rank0_first.py").write_text(RANK0_FIRST)
+    trials = ", ".join(str(i) for i in range(30))
+    sweep = f"train: {{trial: 0}}\nsweep:\n  grid: {{trial: [{trials}]}}\n  max_parallel: 3\n"
+    exp = experiment(tmp_path, "rank0_first.py", nodes=nodes, tasks=tasks, extra=sweep)
+    out = tmp_path / "runs"
+    proc = slurmddp(slurm_env, tmp_path, "submit", str(exp), f"output_dir={out}", "--wait", timeout=900)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    errs = sorted(out.glob("*/*/logs/*_log.err"))
+    assert len(errs) == 60, [str(e) for e in errs]
+    aborted = [str(e) for e in errs if "terminate called" in e.read_text()]
+    assert aborted == []
+    runs = sorted(out.glob("*/*/*/attempts.jsonl"))
+    assert len(runs) == 30
+    assert all([r["reason"] for r in ends(run.parent)] == ["completed"] for run in runs)
+
+
+# Seeded batches per step, so a resumed run can be compared bit for bit with an uninterrupted one.
+# HANG=block: rank 1 blocks forever inside step 3 on the first attempt; HANG=spin: it stops calling
+# collectives there but stays busy.
+HANGING_TRAIN = """
+import hashlib, os, threading, time
+import torch
+from slurmddp import RunContext
+
+def train(ctx: RunContext) -> dict:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+    ddp = ctx.ddp(model)
+    optimizer = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
+    mode = ctx.train.hang
+    for step in ctx.loop(12, model=model, optimizer=optimizer):
+        if mode != "none" and step == 3 and ctx.rank == 1 and ctx.restart_count == 0:
+            if mode == "block":
+                threading.Event().wait()
+            while True:
+                time.sleep(0.1)
+        gen = torch.Generator().manual_seed(step)
+        inputs = torch.randn(4 * ctx.world_size, 16, generator=gen)[ctx.rank * 4 : ctx.rank * 4 + 4]
+        optimizer.zero_grad()
+        ddp(inputs).pow(2).mean().backward()
+        optimizer.step()
+    digest = hashlib.sha256(b"".join(p.detach().numpy().tobytes() for p in model.parameters()))
+    return {"params": digest.hexdigest()}
+"""
+
+
+@pytest.mark.parametrize("mode", ["block", "spin"])
+def test_a_hung_rank_is_named_and_the_run_completes_bit_exact(
+    slurm_env: dict[str, str], tmp_path: Path, mode: str
+) -> None:
+    (tmp_path / "hanging.py").write_text(HANGING_TRAIN)
+    extra = "checkpoint: {every_steps: 2}\ndist: {hang_timeout_s: 15}\ntrain: {hang: none}\n"
+    exp = experiment(tmp_path, "hanging.py:train", nodes=2, tasks=2, extra=extra)
+    hung_out, clean_out = tmp_path / "hung", tmp_path / "clean"
+    proc = slurmddp(
+        slurm_env,
+        tmp_path,
+        "submit",
+        str(exp),
+        f"train.hang={mode}",
+        f"output_dir={hung_out}",
+        "--wait",
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    run = only_run(hung_out)
+    first, second = ends(run)
+    assert (first["reason"], first["step"], first["requeue"]) == ("failure", 3, True), first
+    assert "hung at step 3: rank 1 on " in first["message"] and "hanging.py:" in first["message"]
+    # The attempt ended within the timeout + 30 s of the rank's last progress (step 3 began).
+    begin = json.loads((run / "attempts.jsonl").read_text().splitlines()[0])
+    (folder,) = (run / "hangs").iterdir()
+    stacks = (folder / "rank_1.stacks.txt").read_text()
+    assert ("in wait" in stacks) if mode == "block" else ('hanging.py", line 17 in train' in stacks)
+    assert first["time"] - begin["time"] < 15 + 30 + 60, "start-up included"
+    assert second["reason"] == "completed"
+    # Rank 1's node is left out of the requeued job, with the reason.
+    records = [json.loads(line) for line in (run / "attempts.jsonl").read_text().splitlines()]
+    first_nodes, second_nodes = (hostlist.expand(r["nodes"]) for r in records if r["event"] == "begin")
+    (left_out,) = json.loads((run / "excluded.json").read_text())["hosts"].items()
+    assert left_out[0] == first_nodes[0] and left_out[0] not in second_nodes
+    assert left_out[1]["reason"].startswith("hung at step 3: rank 1 on ")
+    proc = slurmddp(slurm_env, tmp_path, "submit", str(exp), f"output_dir={clean_out}", "--wait", timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    hung = json.loads((run / "result.json").read_text())["result"]
+    clean = json.loads((only_run(clean_out) / "result.json").read_text())["result"]
+    assert hung["params"] == clean["params"]
+
+
+def test_a_node_failing_the_preflight_is_left_out_and_the_run_completes(
+    slurm_env: dict[str, str], tmp_path: Path
+) -> None:
+    (tmp_path / "hanging.py").write_text(HANGING_TRAIN)
+    extra = "train: {hang: none}\npreflight: {fail_on_host: node2}\n"
+    exp = experiment(tmp_path, "hanging.py:train", nodes=2, tasks=1, extra=extra)
+    out = tmp_path / "runs"
+    proc = slurmddp(slurm_env, tmp_path, "submit", str(exp), f"output_dir={out}", "--wait", timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    run = only_run(out)
+    # An idle lab gives the lowest-numbered nodes first.
+    records = [json.loads(line) for line in (run / "attempts.jsonl").read_text().splitlines()]
+    nodes = [hostlist.expand(r["nodes"]) for r in records if r["event"] == "begin"]
+    assert nodes[0] == ["node1", "node2"] and "node2" not in nodes[1], nodes
+    first, second = ends(run)
+    assert first["reason"] == "failure" and "leaving out node2" in first["message"]
+    assert second["reason"] == "completed"
+    excluded = json.loads((run / "excluded.json").read_text())["hosts"]
+    assert list(excluded) == ["node2"] and "failed on purpose" in excluded["node2"]["reason"]
+    shown = json.loads(slurmddp(slurm_env, tmp_path, "status", str(run), "--json").stdout)
+    assert shown[0]["excluded"] == {"node2": excluded["node2"]["reason"]}
