@@ -21,6 +21,22 @@ def report(rank: int, step: int, waiting: bool, where: str = "train.py:9 in trai
     return {"rank": rank, "host": HOSTS[rank], "step": step, "waiting": waiting, "where": where}
 
 
+def one_rank(job_id: str, restart_count: int) -> DistEnv:
+    return DistEnv(
+        rank=0,
+        local_rank=0,
+        world_size=1,
+        local_world_size=1,
+        node_rank=0,
+        num_nodes=1,
+        master_addr="localhost",
+        master_port=1,
+        job_id=job_id,
+        restart_count=restart_count,
+        device_index=None,
+    )
+
+
 def test_the_rank_not_waiting_on_its_peers_is_named() -> None:
     reports = [
         report(0, 7, True),
@@ -69,19 +85,7 @@ def test_hosts_follow_slurms_block_placement() -> None:
 
 
 def test_a_stalled_step_fires_once_with_stacks_and_a_failure_record(tmp_path: Path) -> None:
-    dist = DistEnv(
-        rank=0,
-        local_rank=0,
-        world_size=1,
-        local_world_size=1,
-        node_rank=0,
-        num_nodes=1,
-        master_addr="localhost",
-        master_port=1,
-        job_id="5",
-        restart_count=2,
-        device_index=None,
-    )
+    dist = one_rank("5", 2)
     exits: list[int] = []
     fired = threading.Event()
 
@@ -111,19 +115,7 @@ def test_a_stalled_step_fires_once_with_stacks_and_a_failure_record(tmp_path: Pa
 
 def test_the_loop_rests_the_watchdog_after_its_last_step(tmp_path: Path) -> None:
     """After the loop (final evaluation, saving), no step comes: that is not a hang."""
-    dist = DistEnv(
-        rank=0,
-        local_rank=0,
-        world_size=1,
-        local_world_size=1,
-        node_rank=0,
-        num_nodes=1,
-        master_addr="localhost",
-        master_port=1,
-        job_id="",
-        restart_count=0,
-        device_index=None,
-    )
+    dist = one_rank("", 0)
     exits: list[int] = []
     dog = watchdog.Watchdog(tmp_path, dist, 1, exit=exits.append)
     try:
@@ -136,19 +128,7 @@ def test_the_loop_rests_the_watchdog_after_its_last_step(tmp_path: Path) -> None
 
 
 def test_automatic_timeout_grows_with_the_slowest_step(tmp_path: Path) -> None:
-    dist = DistEnv(
-        rank=0,
-        local_rank=0,
-        world_size=1,
-        local_world_size=1,
-        node_rank=0,
-        num_nodes=1,
-        master_addr="localhost",
-        master_port=1,
-        job_id="",
-        restart_count=0,
-        device_index=None,
-    )
+    dist = one_rank("", 0)
     dog = watchdog.Watchdog(tmp_path, dist, None, exit=lambda status: None)
     try:
         assert dog.limit_s() == watchdog.AUTO_FLOOR_S
