@@ -11,6 +11,7 @@ from __future__ import annotations
 import datetime as dt
 import re
 import shutil
+import signal as signals
 import subprocess
 import time
 from collections.abc import Iterable, Sequence
@@ -140,12 +141,22 @@ def requeue(target: str) -> str | None:
 
 def requeue_excluding(target: str, hosts: Sequence[str]) -> str | None:
     """Requeue TARGET to run anywhere but `hosts`: held while its excluded nodes are updated, so it
-    cannot start again in between; what scontrol said when a step was refused, or None."""
-    proc = run(["scontrol", "requeuehold", target])
-    if proc.returncode != 0:
-        return _said(proc)
-    update = run(["scontrol", "update", f"JobId={target}", f"ExcNodeList={','.join(hosts)}"])
-    release = run(["scontrol", "release", target])
+    cannot start again in between; what scontrol said when a step was refused, or None.
+
+    Called from inside the job: the requeue SIGTERMs every process of the job, this one too, and
+    slurmctld refuses to change a running job's ExcNodeList ("Job is no longer pending
+    execution"). So SIGTERM is ignored until the job is released; Slurm's SIGKILL comes KillWait
+    seconds later (seen on 22.05.8: the update is taken at once after requeuehold).
+    """
+    previous = signals.signal(signals.SIGTERM, signals.SIG_IGN)
+    try:
+        proc = run(["scontrol", "requeuehold", target])
+        if proc.returncode != 0:
+            return _said(proc)
+        update = run(["scontrol", "update", f"JobId={target}", f"ExcNodeList={','.join(hosts)}"])
+        release = run(["scontrol", "release", target])
+    finally:
+        signals.signal(signals.SIGTERM, previous)
     if update.returncode != 0:
         return f"excluding {','.join(hosts)}: {_said(update)}"
     return None if release.returncode == 0 else _said(release)

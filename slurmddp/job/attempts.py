@@ -334,6 +334,11 @@ def _crashed_first(failure: Mapping[str, Any] | None, stop: Mapping[str, Any]) -
     return signalled is None or float(failure["time"]) <= float(signalled)
 
 
+def this_attempt(path: Path, job_id: str, restart_count: int) -> dict[str, Any] | None:
+    """The record at `path` if the attempt (job_id, restart_count) wrote it, else None."""
+    return _this_attempt(path, {"job_id": job_id, "restart_count": restart_count})
+
+
 def _this_attempt(path: Path, me: Mapping[str, Any]) -> dict[str, Any] | None:
     """A record written during this attempt (same job, same restart count), else None."""
     try:

@@ -227,9 +227,13 @@ def _stopped(spec: RankSpec, dist: DistEnv, stop: StopForRequeue) -> dict[str, A
 def _record_failure(spec: RankSpec, dist: DistEnv, step: int | None, error: str) -> None:
     """Where the attempt crashed, for the failure budget (a crash at the same step twice stops),
     and that it crashed: the other ranks then get srun's SIGTERM, which is no stop request. A
-    device fault names this host, which the requeued job then leaves out."""
+    device fault names this host, which the requeued job then leaves out. The first record of an
+    attempt stands: what a crash or the watchdog recorded is the cause, and the errors of the
+    ranks it left behind ("Connection closed by peer") are consequences."""
     fault = next((words for words in DEVICE_FAULTS if words.lower() in error.lower()), None)
     host = socket.gethostname()
+    if attempts.this_attempt(Path(spec.run_dir) / FAILURE, dist.job_id, dist.restart_count) is not None:
+        return
     write_json(
         Path(spec.run_dir) / FAILURE,
         {
