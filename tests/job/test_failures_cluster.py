@@ -226,4 +226,6 @@ def test_a_node_failing_the_preflight_is_left_out_and_the_run_completes(
     excluded = json.loads((run / "excluded.json").read_text())["hosts"]
     assert list(excluded) == ["node2"] and "failed on purpose" in excluded["node2"]["reason"]
     shown = json.loads(slurmddp(slurm_env, tmp_path, "status", str(run), "--json").stdout)
-    assert shown[0]["excluded"] == {"node2": excluded["node2"]["reason"]}
+    assert shown["elements"][0]["excluded"] == {"node2": excluded["node2"]["reason"]}
+    text = slurmddp(slurm_env, tmp_path, "status", str(run)).stdout
+    assert "run: leaves out node2: preflight failed: node2: failed on purpose" in text
