@@ -157,7 +157,7 @@ def decide(
         found = {h: r for h, r in (failure or {}).get("bad_hosts", {}).items() if h not in known}
         if found:
             # Another node next time: neither a broken node's failure nor the same step is final.
-            refused = _cannot_leave_out(found, known, env, partition_nodes)
+            refused = _cannot_leave_out(run_dir, found, known, env, partition_nodes)
             if refused:
                 return Decision(reason, step, False, f"{failure and failure['error']}: {refused}")
             leave_out = found
@@ -200,13 +200,27 @@ def _user_excluded(run_dir: Path) -> set[str]:
     return set(hostlist.expand(text)) if text else set()
 
 
+def _user_nodelist(run_dir: Path) -> set[str]:
+    sbatch = _config(run_dir).get("resources", {}).get("sbatch") or {}
+    text = sbatch.get("nodelist") or sbatch.get("w")
+    return set(hostlist.expand(str(text))) if text else set()
+
+
 def _cannot_leave_out(
+    run_dir: Path,
     found: Mapping[str, str],
     known: set[str],
     env: Mapping[str, str],
     partition_nodes: PartitionNodes,
 ) -> str | None:
-    """Why leaving `found` out too would leave the job too few nodes to start, or None."""
+    """Why leaving `found` out cannot work (the job names it in its nodelist, or too few nodes
+    would be left to start it), or None."""
+    pinned = sorted(set(found) & _user_nodelist(run_dir))
+    if pinned:
+        return (
+            f"the job's resources.sbatch.nodelist names {', '.join(pinned)}, so it cannot run without "
+            "it: not retrying"
+        )
     partition = env.get("SLURM_JOB_PARTITION", "")
     total = partition_nodes(partition) if partition else None
     needed = int(env.get("SLURM_JOB_NUM_NODES") or 1)

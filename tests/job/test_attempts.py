@@ -240,3 +240,15 @@ def test_a_preflight_failure_without_a_named_node_is_still_final(tmp_path: Path)
     path = run_dir(tmp_path, max_failures=3)
     assert bad_node_attempt(path, 0, {}) == 1
     assert ends(path)[-1]["message"] == "preflight failed: not retrying"
+
+
+def test_a_node_the_job_names_in_its_nodelist_is_not_left_out(tmp_path: Path) -> None:
+    (tmp_path / "config.yaml").write_text(
+        "resources:\n  time: 00:10:00\n  sbatch: {nodelist: 'node[1-2]'}\nrequeue: {max_failures: 3}\n"
+    )
+    assert bad_node_attempt(tmp_path, 0, {"node2": "preflight failed"}) == 1
+    message = str(ends(tmp_path)[-1]["message"])
+    assert message == (
+        "preflight failed: the job's resources.sbatch.nodelist names node2, so it cannot run without it: "
+        "not retrying"
+    )
