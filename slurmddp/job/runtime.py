@@ -230,10 +230,10 @@ def _record_failure(spec: RankSpec, dist: DistEnv, step: int | None, error: str)
     device fault names this host, which the requeued job then leaves out. The first record of an
     attempt stands: what a crash or the watchdog recorded is the cause, and the errors of the
     ranks it left behind ("Connection closed by peer") are consequences."""
-    fault = next((words for words in DEVICE_FAULTS if words.lower() in error.lower()), None)
-    host = socket.gethostname()
     if attempts.this_attempt(Path(spec.run_dir) / FAILURE, dist.job_id, dist.restart_count) is not None:
         return
+    fault = next((words for words in DEVICE_FAULTS if words.lower() in error.lower()), None)
+    host = socket.gethostname()
     write_json(
         Path(spec.run_dir) / FAILURE,
         {
