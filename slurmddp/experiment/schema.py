@@ -300,6 +300,28 @@ class Ddp:
 
 
 @dataclass(kw_only=True)
+class Telemetry:
+    """What the loop measures of every step (no change to the training code; see job/telemetry.py):
+    step time, throughput, the wait for data, the gradient all-reduces (a timed DDP communication
+    hook) and the part of them compute did not hide, a barrier's latency, peak GPU memory."""
+
+    enabled: bool = True
+    """Measure; false leaves DDP's own all-reduce path untouched and records nothing."""
+    every_s: float = 10
+    """How often rank 0 appends a `perf/...` record (every rank's figures) to metrics.jsonl."""
+    warmup_steps: int = 3
+    """Steps at the start of each attempt left out (first iterators, DDP's bucket rebuild)."""
+    max_steps: int | None = None
+    """End the loop after this many steps whatever the code asks for (`scale --steps` sets it)."""
+
+    def __post_init__(self) -> None:
+        if self.every_s <= 0:
+            raise ConfigError(f"telemetry.every_s: must be > 0, got {self.every_s}")
+        _at_least("telemetry.warmup_steps", self.warmup_steps, 0)
+        _at_least("telemetry.max_steps", self.max_steps, 1)
+
+
+@dataclass(kw_only=True)
 class Precision:
     """Mixed precision: what `ctx.autocast()` and `ctx.scaler` do."""
 
@@ -362,6 +384,7 @@ class Experiment:
     preflight: Preflight = field(default_factory=Preflight)
     ddp: Ddp = field(default_factory=Ddp)
     precision: Precision = field(default_factory=Precision)
+    telemetry: Telemetry = field(default_factory=Telemetry)
     trackers: Trackers = field(default_factory=Trackers)
     train: dict[str, Any] = field(default_factory=dict)
     """Free-form settings for the training code (ctx.config.train)."""

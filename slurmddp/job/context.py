@@ -18,6 +18,8 @@ from slurmddp.layout import METRICS
 if TYPE_CHECKING:
     from torch.utils.data import DataLoader, Dataset
 
+    from slurmddp.job.data import Feed
+    from slurmddp.job.telemetry import Telemetry
     from slurmddp.job.trackers import Trackers
     from slurmddp.job.watchdog import Watchdog
 
@@ -259,6 +261,9 @@ class RunContext:
             total_steps = epochs * feed.steps_per_epoch
         elif epochs is not None:
             raise SlurmddpError("ctx.loop takes total_steps or epochs=, not both")
+        limit = self.config.telemetry.max_steps
+        if limit is not None:
+            total_steps = min(total_steps, int(limit))
         accumulate = int(self.config.ddp.accumulate)
         settings: dict[str, Any] = {
             "accumulate": accumulate,
@@ -291,5 +296,29 @@ class RunContext:
             accumulate=accumulate,
             settings=settings,
             watchdog=self.watchdog,
+            telemetry=self._telemetry(feed),
         )
         return self.active_loop
+
+    def _telemetry(self, feed: Feed | None) -> Telemetry | None:
+        import os
+
+        import torch.distributed as tdist
+
+        from slurmddp.job.telemetry import Telemetry, transport
+
+        settings = self.config.telemetry
+        if not settings.enabled:
+            return None
+        backend = str(tdist.get_backend())
+        return Telemetry(
+            rank=self.rank,
+            world_size=self.world_size,
+            device=self.device,
+            samples_per_step=feed.identity()["global_batch"] if feed is not None else None,
+            warmup_steps=int(settings.warmup_steps),
+            every_s=float(settings.every_s),
+            backend=backend,
+            transport=transport(backend, os.environ),
+            log=self.log,
+        )

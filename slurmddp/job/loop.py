@@ -5,10 +5,10 @@
     for step, batch in ctx.loop(epochs=10, data=ctx.loader(dataset, global_batch=64), model=...):
         ...one training step on this rank's share of the global batch...
 
-At each step boundary the ranks exchange one small all-reduce that carries "a stop signal arrived"
-and "a timed checkpoint is due". It is started at one boundary and read at the next, so it never
-waits on the network; since every rank reads the same reduced value at the same boundary, all ranks
-stop (or save) at the same step, one step after the signal.
+At each step boundary the ranks exchange one small all-reduce that carries "a stop signal arrived",
+"a timed checkpoint is due" and "a telemetry record is due". It is started at one boundary and read
+at the next, so it never waits on the network; since every rank reads the same reduced value at the
+same boundary, all ranks stop (or save) at the same step, one step after the signal.
 
 A resumed attempt first runs the user's step once as a priming step and then loads the checkpoint
 again. DistributedDataParallel lays out its gradient buckets in parameter order, records the order
@@ -39,6 +39,7 @@ from slurmddp.layout import METRICS, PROGRESS, STOP
 if TYPE_CHECKING:
     from slurmddp.job.checkpoint import CheckpointInfo, CheckpointStore
     from slurmddp.job.data import Feed
+    from slurmddp.job.telemetry import Telemetry
     from slurmddp.job.watchdog import Watchdog
 
 # Rank 0 records how far it got at most this often, for the attempt log of a crashed attempt.
@@ -80,6 +81,7 @@ class TrainLoop:
         accumulate: int,
         settings: Mapping[str, Any],
         watchdog: Watchdog | None = None,
+        telemetry: Telemetry | None = None,
     ) -> None:
         import torch
 
@@ -100,6 +102,8 @@ class TrainLoop:
         """What a checkpoint's state depends on besides the objects; a resume must find the same."""
         self._ddp_modules = ddp_modules
         self._watchdog = watchdog
+        self.telemetry = telemetry
+        """Step times, data wait, communication (job/telemetry.py); None with telemetry.enabled=false."""
         self.step = 0
         self.first_step = 0
         """The step this attempt started from (0, or the checkpoint it resumed)."""
@@ -111,7 +115,8 @@ class TrainLoop:
         self._saved_at = time.monotonic()
         self._saved_step = -1
         self._progress_at = 0.0
-        self._flags = torch.zeros(2, dtype=torch.int32, device=device)
+        # A stop signal arrived; a timed checkpoint is due; a telemetry record is due.
+        self._flags = torch.zeros(3, dtype=torch.int32, device=device)
         self._pending: Any = None
         self._check_own_sampler()
         self._resume()
@@ -192,24 +197,46 @@ class TrainLoop:
 
     def __iter__(self) -> Iterator[Any]:
         primes = self._primes_needed()
+        if self.telemetry is not None:
+            self.telemetry.start(self._measured_modules())
         while self.step < self.total_steps:
             if self._watchdog is not None:
                 self._watchdog.at(self.step)
             self._boundary()
+            began = time.perf_counter()
             batch = self.data.batch(self.step) if self.data is not None else None
+            data_s = time.perf_counter() - began
             if primes:
                 yield from self._prime(primes, batch)
                 primes = 0
+                if self.telemetry is not None:
+                    self.telemetry.discard()
+                began = time.perf_counter() - data_s
             yield self.step if self.data is None else (self.step, batch)
             if self.data is not None:
                 self.data.advance()
             self.step += 1
+            if self.telemetry is not None:
+                self.telemetry.step(data_s, time.perf_counter() - began)
         if self._watchdog is not None:
             self._watchdog.rest()
         if self.rank == 0:
             self._progress(force=True)
         self.store.wait()
         self._drain()
+        if self.telemetry is not None:
+            self.telemetry.finish(self.step)
+
+    def _measured_modules(self) -> list[Any]:
+        """The DDP modules whose all-reduces telemetry times: those `ctx.ddp` made, and any other
+        DistributedDataParallel handed to the loop."""
+        from torch.nn.parallel import DistributedDataParallel
+
+        found = {id(m): m for m in self._ddp_modules}
+        for obj in self.objects.values():
+            if isinstance(obj, DistributedDataParallel):
+                found.setdefault(id(obj), obj)
+        return list(found.values())
 
     def _primes_needed(self) -> int:
         """Priming steps a resumed attempt runs: DDP rebuilds its buckets after one backward (two
@@ -279,7 +306,7 @@ class TrainLoop:
     def _boundary(self) -> None:
         import torch.distributed as tdist
 
-        stop, timed_save = self._agreed()
+        stop, timed_save, record = self._agreed()
         if self.rank == 0:
             self._progress()
         if stop:
@@ -292,19 +319,23 @@ class TrainLoop:
             raise StopForRequeue(self.step, stop)
         if timed_save or (self.every_steps and self.step % self.every_steps == 0 and self.step > 0):
             self.save()
+        if record and self.telemetry is not None:
+            self.telemetry.exchange(self.step)
         self._flags[0] = signals.received() or 0
         self._flags[1] = int(
             self.rank == 0 and self.every_s > 0 and time.monotonic() - self._saved_at >= self.every_s
         )
+        self._flags[2] = int(self.rank == 0 and self.telemetry is not None and self.telemetry.due())
         self._pending = tdist.all_reduce(self._flags, op=tdist.ReduceOp.MAX, async_op=True)
 
-    def _agreed(self) -> tuple[int, bool]:
+    def _agreed(self) -> tuple[int, bool, bool]:
         """The flags every rank reported at the previous boundary."""
         if self._pending is None:
-            return 0, False
+            return 0, False, False
         self._pending.wait()
         self._pending = None
-        return int(self._flags[0].item()), bool(self._flags[1].item())
+        stop, timed_save, record = self._flags.tolist()
+        return int(stop), bool(timed_save), bool(record)
 
     def _drain(self) -> None:
         # The last boundary's all-reduce must finish before the process group goes away.

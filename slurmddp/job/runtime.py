@@ -202,7 +202,9 @@ def _call(
     gathered: list[Any] = [None] * dist.world_size
     tdist.all_gather_object(gathered, result)
     if dist.rank == 0:
-        write_result(Path(spec.run_dir), dist, gathered, started)
+        loop = ctx.active_loop
+        telemetry = loop.telemetry.summary if loop is not None and loop.telemetry is not None else None
+        write_result(Path(spec.run_dir), dist, gathered, started, telemetry)
     return result
 
 
@@ -258,9 +260,15 @@ def _check_json(result: Any, target: str | None) -> None:
         ) from None
 
 
-def write_result(run_dir: Path, dist: DistEnv, per_rank: list[Any], started_at: float) -> None:
-    """result.json: rank 0's return value, every rank's, where the job ran, and when rank 0 called
-    the function (its process group ready)."""
+def write_result(
+    run_dir: Path,
+    dist: DistEnv,
+    per_rank: list[Any],
+    started_at: float,
+    telemetry: dict[str, Any] | None = None,
+) -> None:
+    """result.json: rank 0's return value, every rank's, where the job ran, when rank 0 called
+    the function (its process group ready), and the loop's telemetry summary (job/telemetry.py)."""
     write_json(
         run_dir / RESULT,
         {
@@ -272,6 +280,7 @@ def write_result(run_dir: Path, dist: DistEnv, per_rank: list[Any], started_at: 
             "restart_count": dist.restart_count,
             "started_at": started_at,
             "train_seconds": round(time.time() - started_at, 3),
+            "telemetry": telemetry,
         },
     )
 
