@@ -33,6 +33,9 @@ RESULT = "result.json"
 METRICS = "metrics.jsonl"
 """Rank 0: every `ctx.log` record, one JSON object a line; a resumed attempt drops the records of
 steps past its checkpoint first, so the file reads as one uninterrupted run."""
+PERF = "perf/"
+"""The prefix of the loop's own telemetry metrics in metrics.jsonl (job/telemetry.py): status shows
+them as throughput, apart from the user's metrics."""
 TENSORBOARD = "tensorboard"
 """Rank 0: TensorBoard event files of every attempt, one run across requeues."""
 TRACKERS = "trackers.json"
@@ -47,6 +50,9 @@ HANGS = "hangs"
 PROBE = "probe"
 """`doctor --probe`: what each rank of the probe job saw."""
 RESULTS_CSV = "results.csv"
+STUDY_CSV = "study.csv"
+"""`scale`: one row a size (throughput, speedup, efficiency, ...), beside sweep.json."""
+STUDY_PNG = "study.png"
 
 
 def new_run_dir(output_dir: str | Path, name: str, now: dt.datetime | None = None) -> Path:

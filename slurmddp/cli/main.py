@@ -9,15 +9,17 @@ import sys
 from pathlib import Path
 
 from slurmddp.cli import doctor, dryrun, mpilaunch
+from slurmddp.cluster import slurm
 from slurmddp.errors import EXIT_INTERRUPTED, EXIT_JOB_FAILED, SlurmddpError
+from slurmddp.experiment import study as study_spec
 from slurmddp.experiment.load import Loaded, SweepElement, expand, load_experiment
 from slurmddp.files import write_atomic
 from slurmddp.layout import RESULT, RESULTS_CSV
-from slurmddp.manage import actions, index, logs, report, runs, sweeps
+from slurmddp.manage import actions, index, logs, report, runs, study, sweeps
 from slurmddp.manage.follow import FINAL_OK, follow
 from slurmddp.submit import submitter
 from slurmddp.submit.plan import SubmissionPlan
-from slurmddp.submit.planner import plan_for
+from slurmddp.submit.planner import plan_for, resolve_executor
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -67,6 +69,7 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     launch.set_defaults(func=lambda args: mpilaunch.run(args.experiment, args.overrides))
     commands = {
         "submit": submit,
+        "scale": _scale_parser(),
         "dryrun": preview,
         "interrupt": interrupt,
         "mpilaunch": launch,
@@ -95,6 +98,66 @@ ACCOUNTING_HELP = (
     "whole elapsed time) plus the wait in the queue until the next allocation started. A sweep's "
     "total line sums its elements."
 )
+
+
+def _scale_parser() -> argparse.ArgumentParser:
+    scale = argparse.ArgumentParser(
+        prog="slurmddp scale",
+        description="Measure how an experiment scales: run it at several sizes and a 1-rank baseline.",
+        epilog="Prints nodes, ranks, throughput, speedup and efficiency over the 1-rank baseline, step "
+        "time, the share of the step in exposed communication and in waiting for data, and a "
+        "barrier's latency; flags efficiency under 90%% or exposed communication over 10%% with the "
+        "causes the telemetry shows. Writes STUDY_DIR/study.csv and study.png. Each size runs after "
+        "the one before, so none shares the machines with another.",
+    )
+    _experiment_args(scale)
+    scale.add_argument("--nodes", required=True, help="node counts to measure, e.g. 1,2,4")
+    scale.add_argument(
+        "--ranks-per-node", type=_positive_int, help="ranks (GPUs) per node (default: the experiment's)"
+    )
+    scale.add_argument(
+        "--mode",
+        choices=study_spec.MODES,
+        default="weak",
+        help="weak: the same batch per rank (default); strong: the same global batch",
+    )
+    scale.add_argument("--steps", type=_positive_int, help="steps per size (telemetry.max_steps)")
+    scale.add_argument(
+        "--batch-key",
+        help=f"the train: key of the global batch (default: {study_spec.BATCH_KEY}, if there is one)",
+    )
+    scale.add_argument(
+        "--bucket-cap-mb", help="also run these DDP bucket sizes at the largest size, e.g. 5,25,100"
+    )
+    scale.add_argument(
+        "--wait",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="follow the study to its end and print the report (default: yes)",
+    )
+    scale.set_defaults(func=_scale)
+    return scale
+
+
+def _scale(args: argparse.Namespace) -> int:
+    loaded = load_experiment(args.experiment, args.overrides)
+    nodes = study_spec.numbers(args.nodes, "--nodes", int)
+    # Without Slurm every size runs on this machine: there is no cluster to outgrow.
+    on_slurm = resolve_executor(loaded.experiment.executor) == "slurm"
+    cluster = slurm.partition_nodes(loaded.experiment.resources.partition) if on_slurm else None
+    planned = study_spec.plan(
+        loaded.experiment,
+        nodes=nodes,
+        ranks_per_node=args.ranks_per_node,
+        mode=args.mode,
+        steps=args.steps,
+        batch_key=args.batch_key,
+        bucket_caps=study_spec.numbers(args.bucket_cap_mb, "--bucket-cap-mb", float)
+        if args.bucket_cap_mb
+        else [],
+        cluster_nodes=cluster,
+    )
+    return study.submit(args.experiment, args.overrides, planned, sys.argv, sys.stdout, args.wait)
 
 
 def _manage_parsers() -> dict[str, argparse.ArgumentParser]:
@@ -288,6 +351,9 @@ def _list(args: argparse.Namespace) -> int:
 
 def _results(args: argparse.Namespace) -> int:
     target = runs.resolve(args.run)
+    if "study" in target.manifest:
+        study.report(target, sys.stdout)
+        return 0
     rows = runs.rows(target)
     names = report.metric_names(rows)
     metric = args.metric or target.manifest.get("metric") or (names[0] if names else None)

@@ -162,10 +162,15 @@ def requeue_excluding(target: str, hosts: Sequence[str]) -> str | None:
     return None if release.returncode == 0 else _said(release)
 
 
-def partition_nodes(partition: str) -> int | None:
-    """How many nodes `partition` has (scontrol's TotalNodes), or None when scontrol cannot say."""
-    proc = run(["scontrol", "-o", "show", "partition", partition])
-    match = re.search(r"\bTotalNodes=(\d+)", proc.stdout) if proc.returncode == 0 else None
+def partition_nodes(partition: str | None) -> int | None:
+    """How many nodes `partition` (None: the default one) has (scontrol's TotalNodes), or None
+    when scontrol cannot say."""
+    proc = run(["scontrol", "-o", "show", "partition", *([partition] if partition else [])])
+    if proc.returncode != 0:
+        return None
+    lines = proc.stdout.splitlines()
+    line = next((li for li in lines if partition or re.search(r"\bDefault=YES\b", li)), "")
+    match = re.search(r"\bTotalNodes=(\d+)", line)
     return int(match.group(1)) if match else None
 
 

@@ -23,6 +23,8 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from slurmddp.layout import PERF
+
 BARRIERS = 10
 """Timed barriers at the start of each attempt (after one untimed, which sets up connections)."""
 # One rank's figures as gathered: sums since the last record and since warm-up, then its own.
@@ -250,7 +252,7 @@ class Telemetry:
         if peaks:
             figures["peak_mem_gb"] = round(max(peaks) / 1e9, 3)
         if figures:
-            self._log(step, **{f"perf/{key}": value for key, value in figures.items() if value is not None})
+            self._log(step, **{f"{PERF}{key}": value for key, value in figures.items() if value is not None})
 
     def _figures(self, sums: Sequence[Mapping[str, float]], peaks: Sequence[float]) -> dict[str, Any]:
         """The figures of a stretch of steps, from every rank's sums: the pace is the slowest

@@ -25,7 +25,7 @@ from submitit.core.utils import pickle_load
 
 from slurmddp.cluster import slurm
 from slurmddp.cluster.slurm import JobState
-from slurmddp.layout import METRICS, PROGRESS
+from slurmddp.layout import METRICS, PERF, PROGRESS
 from slurmddp.submit.submitter import Submission
 
 # The one end state that counts as success (sacct's spelling); every other end state fails `--wait`.
@@ -85,7 +85,10 @@ def format_metrics(values: Mapping[str, Any]) -> str:
     numbers = [
         (name, value)
         for name, value in values.items()
-        if name not in ("step", "time") and isinstance(value, (int, float)) and not isinstance(value, bool)
+        if name not in ("step", "time")
+        and not name.startswith(PERF)
+        and isinstance(value, (int, float))
+        and not isinstance(value, bool)
     ]
     # `#` keeps trailing zeros, so the line does not jitter as digits come and go; it also leaves a
     # bare "." after a whole number ("1235."), which says nothing.

@@ -18,7 +18,7 @@ from slurmddp.cluster.slurm import JobState
 from slurmddp.defaults import EndReason, RunExecutor, RunKind
 from slurmddp.errors import SlurmddpError
 from slurmddp.job.attempts import excluded, final_end, read_attempts
-from slurmddp.layout import FAILURE, MANIFEST, METRICS, PROGRESS, RESULT, SWEEP
+from slurmddp.layout import FAILURE, MANIFEST, METRICS, PERF, PROGRESS, RESULT, SWEEP
 from slurmddp.manage import accounting, index
 
 RunState = Literal[JobState, "UNSUBMITTED"]
@@ -217,6 +217,8 @@ class Row:
     on node2 ...); leaving out node2; requeue 1 (budget 3)")."""
     excluded: dict[str, str] = field(default_factory=dict)
     """Hosts the run leaves out, with why (RUN_DIR/excluded.json)."""
+    throughput: str | None = None
+    """The latest telemetry record's pace: "1234 samples/s" (or steps/s without ctx.loader)."""
 
 
 def rows(target: Target, with_usage: bool = True) -> list[Row]:
@@ -232,6 +234,7 @@ def rows(target: Target, with_usage: bool = True) -> list[Row]:
         records = read_attempts(element.dir)
         used = _usage(element, records, allocations, states, since, now)
         metrics, metric_step = latest_metrics(element.dir)
+        perf = {name: metrics.pop(name) for name in list(metrics) if name.startswith(PERF)}
         progress = _read_optional(element.dir / PROGRESS).get("step")
         steps = [s for s in (progress, metric_step) if isinstance(s, int)]
         out.append(
@@ -250,9 +253,18 @@ def rows(target: Target, with_usage: bool = True) -> list[Row]:
                 lost_hours=None if used is None else used.lost_hours,
                 last_end=next((r.get("message") for r in reversed(records) if r["event"] == "end"), None),
                 excluded={host: str(why["reason"]) for host, why in excluded(element.dir).items()},
+                throughput=_pace(perf),
             )
         )
     return out
+
+
+def _pace(perf: dict[str, float]) -> str | None:
+    for unit in ("samples", "steps"):
+        value = perf.get(f"{PERF}{unit}_per_s")
+        if value is not None:
+            return f"{value:.4g} {unit}/s"
+    return None
 
 
 def total_usage(rows: list[Row]) -> accounting.Usage | None:

@@ -180,8 +180,31 @@ def sweep_manifest(
     }
 
 
+def study_manifest(
+    plan: SubmissionPlan,
+    loaded: Loaded,
+    argv: list[str],
+    elements: list[dict[str, Any]],
+    study: dict[str, Any],
+) -> dict[str, Any]:
+    """STUDY_DIR/sweep.json of a scaling study: a sweep whose elements are jobs of their own (each
+    size asks Slurm for other resources), so status, logs and cancel treat it as one."""
+    write_atomic(plan.run_dir / CONFIG, yamlio.dump(loaded.resolved))
+    return {
+        **_described(plan, loaded, argv),
+        "kind": "sweep",
+        "max_parallel": 1,
+        "metric": None,
+        "mode": "max",
+        "keys": sorted({key for e in elements for key in e["overrides"]}),
+        "elements": elements,
+        "submissions": [],
+        "study": study,
+    }
+
+
 def record_submission(sweep_dir: Path, manifest: dict[str, Any], sub: Submission, index: int) -> None:
-    """A local sweep runs its elements one after another, each as its own job."""
+    """A local sweep (and every study) runs its elements one by one, each as its own job."""
     manifest["submissions"].append(
         {"elements": [index], "job_id": sub.job_id, "submitted_at": time.time(), "logs": str(sub.plan.folder)}
     )

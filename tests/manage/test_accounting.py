@@ -243,12 +243,12 @@ def test_status_table_shows_the_hours_and_a_total_line(
     assert main(["status", str(sweep)]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[1].split() == [
-        *("index", "overrides", "state", "attempts", "step", "loss", "elapsed"),
+        *("index", "overrides", "state", "attempts", "step", "loss", "throughput", "elapsed"),
         *("cpu_h", "gpu_h", "lost", "job"),
     ]
-    assert lines[2].split()[7:] == ["1.20", "0.60", "0:02:10", "40_0"]
-    assert lines[3].split()[7:] == ["2.00", "1.00", "0:00:00", "40_1"]
-    assert lines[4].split()[7:] == ["1.13", "0.57", "0:06:00", "45"]
+    assert lines[2].split()[8:] == ["1.20", "0.60", "0:02:10", "40_0"]
+    assert lines[3].split()[8:] == ["2.00", "1.00", "0:00:00", "40_1"]
+    assert lines[4].split()[8:] == ["1.13", "0.57", "0:06:00", "45"]
     assert lines[5] == "total: 4.33 CPU hours, 2.17 GPU hours, 0:08:10 lost to requeues"
 
 

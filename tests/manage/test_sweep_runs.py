@@ -43,7 +43,8 @@ def test_status_rows_read_the_run_directories(tmp_path: Path, monkeypatch: pytes
     ]
     (sweep / dirs[0] / "attempts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
     (sweep / dirs[0] / "metrics.jsonl").write_text(
-        '{"step": 0, "loss": 2.5}\n{"step": 90, "loss": 1.5}\n{"step"'
+        '{"step": 0, "loss": 2.5}\n{"step": 50, "perf/samples_per_s": 812.34, "perf/step_s": 0.08}\n'
+        '{"step": 90, "loss": 1.5}\n{"step"'
     )
     target = runs.load(sweep / dirs[1])  # an element's directory finds its sweep
     assert target.kind == "sweep" and target.element(1).job_id == "40_1"
@@ -58,8 +59,24 @@ def test_status_rows_read_the_run_directories(tmp_path: Path, monkeypatch: pytes
     ]
     text = report.status_table(target, rows, "loss")
     assert "1 completed, 1 pending" in text
-    cells = ["0", "lr=0.1", "COMPLETED", "2", "90", "1.5", "0:00:50", "-", "-", "-", "40_0"]
+    # The loop's perf/ records are throughput, not metrics of the user's.
+    cells = [
+        "0",
+        "lr=0.1",
+        "COMPLETED",
+        "2",
+        "90",
+        "1.5",
+        "812.3",
+        "samples/s",
+        "0:00:50",
+        "-",
+        "-",
+        "-",
+        "40_0",
+    ]
     assert text.splitlines()[2].split() == cells  # no accounting: no hours, not zero hours
+    assert rows[0].throughput == "812.3 samples/s" and rows[1].throughput is None
     assert [r.index for r in report.ranked(rows, "loss", "min")] == [0, 1]
     with pytest.raises(SlurmddpError, match="no element logged a metric named 'acc'; logged metrics: loss"):
         report.ranked(rows, "acc", "max")

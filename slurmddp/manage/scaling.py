@@ -1,0 +1,510 @@
+"""A scaling study's finished elements -> table rows, verdicts in words, CSV and a PNG.
+
+The study runs one experiment at several sizes plus a 1-rank baseline (and optionally several DDP
+bucket sizes at the largest size). Each size is compared with the baseline, and a size that falls
+short is explained by what its telemetry and its preflight show. Plain values in, text out; only
+`plot` touches a file.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+import statistics
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import astuple, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from slurmddp.errors import SlurmddpError
+from slurmddp.job.preflight import Link, slow_hosts
+from slurmddp.manage.report import table
+
+EFFICIENCY_FLOOR = 0.90
+"""A size below this share of the ideal speedup is flagged."""
+COMM_CEILING = 0.10
+"""A size whose communication is exposed (not hidden behind compute) for more of the step is flagged."""
+DATA_CEILING = 0.10
+"""Waiting for the next batch longer than this share of the step is named as a cause."""
+LATENCY_BOUND = 4
+"""A bucket whose all-reduce takes under this many barrier latencies pays mostly latency."""
+SLOW_LINK = 0.5
+"""A preflight link slower than this share of the fastest link is named as slow."""
+MODES = ("weak", "strong")
+COMPLETED = "COMPLETED"
+_SCALING = {
+    "weak": "weak scaling (same batch per rank)",
+    "strong": "strong scaling (same global batch)",
+}
+
+
+@dataclass(frozen=True)
+class Point:
+    """One finished element of the study, as read back from its run directory."""
+
+    index: int
+    label: str
+    """What the element is, e.g. "baseline", "2 nodes", "3 nodes, bucket 5 MB"."""
+    nodes: int
+    ranks: int
+    """World size."""
+    bucket_cap_mb: float | None
+    """The DDP bucket size it ran with; None: the experiment's own."""
+    state: str
+    """Slurm's final state: "COMPLETED", "FAILED", ..."""
+    telemetry: Mapping[str, Any] | None
+    """result.json's "telemetry"; None where missing."""
+    preflight: Mapping[str, Any] | None
+    """The element's preflight.json; None where missing."""
+    role: str
+    """"baseline" (1 rank), "size" (a requested size) or "bucket" (a bucket size at the largest size)."""
+
+
+@dataclass(frozen=True)
+class Row:
+    """One element's numbers; None where not measured (or not completed)."""
+
+    index: int
+    label: str
+    role: str
+    nodes: int
+    ranks: int
+    bucket_cap_mb: float | None
+    state: str
+    throughput: float | None
+    """In the analysis's unit: samples/s or steps/s, all ranks together."""
+    per_rank: float | None
+    speedup: float | None
+    """Throughput over the baseline's."""
+    efficiency: float | None
+    """Speedup over the ideal speedup (ranks over the baseline's ranks)."""
+    step_s: float | None
+    exposed_comm_frac: float | None
+    data_wait_frac: float | None
+    barrier_s: float | None
+
+
+@dataclass(frozen=True)
+class Analysis:
+    mode: str
+    unit: str
+    """"samples/s", or "steps/s" where some element measured no samples."""
+    rows: tuple[Row, ...]
+    verdicts: tuple[str, ...]
+    """A headline and one line per cause for each flagged size, one per element that was not measured,
+    and an overall line last."""
+    bucket_advice: str | None
+    """Which bucket size to keep; None where the study tried none."""
+
+
+def analyse(points: Sequence[Point], mode: str) -> Analysis:
+    """Rows, verdicts and bucket advice for a study; `mode` ("weak" or "strong") only changes words."""
+    if mode not in MODES:
+        raise SlurmddpError(f"scaling mode {mode!r}: must be one of {', '.join(MODES)}")
+    unit = _unit(points)
+    baseline = next((p for p in points if p.role == "baseline"), None)
+    base_x = None if baseline is None else _throughput(baseline, unit)
+    base_ranks = baseline.ranks if baseline else 1
+    rows = tuple(_row(p, unit, base_x, base_ranks) for p in points)
+    verdicts = [
+        line for p, r in zip(points, rows, strict=True) for line in _point_verdicts(p, r, base_ranks, mode)
+    ]
+    verdicts.append(_overall(rows, mode))
+    return Analysis(mode, unit, rows, tuple(verdicts), _bucket_advice(rows, unit))
+
+
+def study_table(rows: Sequence[Row], unit: str) -> str:
+    header = [
+        "index",
+        "element",
+        "nodes",
+        "ranks",
+        unit,
+        f"{unit} per rank",
+        "speedup",
+        "efficiency",
+        "step ms",
+        "comm exposed",
+        "data wait",
+        "barrier ms",
+        "state",
+    ]
+    body = [
+        [
+            str(r.index),
+            r.label,
+            str(r.nodes),
+            str(r.ranks),
+            _cell(r.throughput, _rate),
+            _cell(r.per_rank, _rate),
+            _cell(r.speedup, lambda v: f"{v:.2f}"),
+            _cell(r.efficiency, _percent),
+            _cell(r.step_s, _ms),
+            _cell(r.exposed_comm_frac, _percent),
+            _cell(r.data_wait_frac, _percent),
+            _cell(r.barrier_s, lambda v: f"{v * 1000:.2f}"),
+            r.state,
+        ]
+        for r in rows
+    ]
+    return table(header, body)
+
+
+def study_csv(rows: Sequence[Row], unit: str) -> str:
+    """The rows' raw numbers (seconds and fractions, not ms and %); empty where not measured. The
+    throughput columns are named by the unit (samples_per_s, samples_per_s_per_rank)."""
+    key = unit.replace("/", "_per_")
+    renamed = {"throughput": key, "per_rank": f"{key}_per_rank"}
+    out = io.StringIO()
+    writer = csv.writer(out)
+    writer.writerow([renamed.get(f.name, f.name) for f in fields(Row)])
+    for row in rows:
+        writer.writerow(["" if value is None else value for value in astuple(row)])
+    return out.getvalue()
+
+
+def plot(rows: Sequence[Row], path: Path, mode: str) -> None:
+    """A PNG: speedup against the ideal, and efficiency against the floor, over ranks (baseline and
+    sizes only; needs the `plot` extra: matplotlib)."""
+    measured = sorted(
+        (r.ranks, r.speedup, 100 * r.efficiency)
+        for r in rows
+        if r.role in ("baseline", "size") and r.speedup is not None and r.efficiency is not None
+    )
+    baseline = next((r for r in rows if r.role == "baseline"), None)
+    if baseline is None or not measured:
+        raise SlurmddpError(
+            "the scaling plot needs a speedup: no element has one (the baseline is missing or unmeasured)"
+        )
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise SlurmddpError("the scaling plot needs matplotlib: pip install 'slurmddp[plot]'") from None
+    ranks, speedups, efficiencies = zip(*measured, strict=True)
+    figure, (left, right) = plt.subplots(1, 2, figsize=(11, 4.5))
+    left.plot(ranks, [n / baseline.ranks for n in ranks], "--", color="gray", label="ideal")
+    left.plot(ranks, speedups, "o-", label="measured")
+    left.set_xlabel("ranks")
+    left.set_ylabel(f"speedup over {baseline.ranks} rank(s)")
+    left.legend(fontsize="small")
+    right.plot(ranks, efficiencies, "o-", label="measured")
+    right.axhline(100 * EFFICIENCY_FLOOR, linestyle="--", color="gray", label=f"{EFFICIENCY_FLOOR:.0%}")
+    right.set_ylim(0, max(100.0, *efficiencies) + 5)
+    right.set_xlabel("ranks")
+    right.set_ylabel("efficiency (%)")
+    right.legend(fontsize="small")
+    for axes in (left, right):
+        axes.set_xticks(ranks)
+    figure.suptitle(_SCALING[mode])
+    figure.tight_layout()
+    figure.savefig(path, format="png")
+    plt.close(figure)
+
+
+def _unit(points: Sequence[Point]) -> str:
+    # One unit for every row, so that the ratios compare like with like: samples/s only where every
+    # measured element counted samples (a loop without a data loader counts only steps).
+    measured = [
+        p
+        for p in points
+        if p.state == COMPLETED
+        and (
+            _value(p.telemetry, "samples_per_s") is not None or _value(p.telemetry, "steps_per_s") is not None
+        )
+    ]
+    return (
+        "samples/s" if all(_value(p.telemetry, "samples_per_s") is not None for p in measured) else "steps/s"
+    )
+
+
+def _throughput(point: Point, unit: str) -> float | None:
+    if point.state != COMPLETED:
+        return None
+    return _value(point.telemetry, "samples_per_s" if unit == "samples/s" else "steps_per_s")
+
+
+def _row(point: Point, unit: str, base_x: float | None, base_ranks: int) -> Row:
+    done = point.state == COMPLETED
+    telemetry = point.telemetry if done else None
+    x = _throughput(point, unit)
+    speedup = None if x is None or not base_x else x / base_x
+    return Row(
+        index=point.index,
+        label=point.label,
+        role=point.role,
+        nodes=point.nodes,
+        ranks=point.ranks,
+        bucket_cap_mb=point.bucket_cap_mb,
+        state=point.state,
+        throughput=x,
+        per_rank=None if x is None else x / point.ranks,
+        speedup=speedup,
+        efficiency=None if speedup is None else speedup / (point.ranks / base_ranks),
+        step_s=_value(telemetry, "step_s"),
+        exposed_comm_frac=_value(telemetry, "exposed_comm_frac") if _comm_measured(telemetry) else None,
+        data_wait_frac=_value(telemetry, "data_wait_frac"),
+        barrier_s=_value(telemetry, "barrier_s"),
+    )
+
+
+def _point_verdicts(point: Point, row: Row, base_ranks: int, mode: str) -> list[str]:
+    name = f"{row.label} ({row.ranks} ranks)"
+    if row.state != COMPLETED:
+        return [f"{name}: {row.state}, not measured"]
+    if point.telemetry is None:
+        return [f"{name}: completed without telemetry in its result.json, not measured"]
+    # Bucket elements are weighed against each other in the bucket advice; their causes would
+    # repeat those of the size they share.
+    if point.role != "size":
+        return []
+    lines = []
+    if row.throughput is None:
+        lines.append(f"{name}: its telemetry has no throughput (samples_per_s, steps_per_s)")
+    low = row.efficiency is not None and row.efficiency < EFFICIENCY_FLOOR
+    if point.ranks < 2 or not (low or _comm_flagged(row)):
+        return lines
+    if row.efficiency is not None and row.speedup is not None:
+        below = f", below the {EFFICIENCY_FLOOR:.0%} floor" if low else ""
+        lines.append(
+            f"{name}: efficiency {_percent(row.efficiency)} (speedup {row.speedup:.2f}, ideal "
+            f"{row.ranks / base_ranks:g}){below}"
+        )
+    elif not lines:
+        lines.append(f"{name}: efficiency not computed (the baseline measured no throughput)")
+    causes = _causes(point, row, point.telemetry)
+    if not causes:
+        causes = [_no_cause(point, row, point.telemetry, mode)]
+    return lines + [f"{row.label}: {cause}" for cause in causes]
+
+
+def _causes(point: Point, row: Row, telemetry: Mapping[str, Any]) -> list[str]:
+    causes = []
+    exposed = row.exposed_comm_frac
+    if exposed is not None and exposed > COMM_CEILING:
+        comm_s = _value(telemetry, "comm_s")
+        of = "" if comm_s is None else f" (all-reduces take {_ms(comm_s)} ms of each step in all)"
+        causes.append(
+            f"communication is not hidden behind compute: {_percent(exposed)} of the step"
+            f"{of}; more compute per step hides more of it (a larger batch per rank), a faster fabric "
+            "shortens it"
+        )
+        # Over TCP the all-reduces are slow whatever the buckets: only worth naming when they show.
+        if telemetry.get("transport") == "tcp":
+            why = (
+                "gloo always does: on GPU nodes, NCCL over InfiniBand/RoCE is faster"
+                if telemetry.get("backend") == "gloo"
+                else "NCCL without InfiniBand/RoCE: NCCL_NET=Socket, NCCL_IB_DISABLE=1, or no device found"
+            )
+            causes.append(
+                f"gradients go over TCP sockets ({why}): check the fabric profile "
+                "(`python -m slurmddp doctor --probe`, fabric.profile) and that NCCL can use the nodes' "
+                "InfiniBand/RoCE devices"
+            )
+    buckets = _small_buckets(telemetry)
+    if buckets:
+        causes.append(buckets)
+    if row.data_wait_frac is not None and row.data_wait_frac > DATA_CEILING:
+        causes.append(
+            f"ranks wait for data {_percent(row.data_wait_frac)} of the step: more DataLoader workers "
+            "(num_workers), faster storage"
+        )
+    link = _slow_link(_links(point.preflight))
+    if link:
+        causes.append(link)
+    return causes
+
+
+def _small_buckets(telemetry: Mapping[str, Any]) -> str | None:
+    """Buckets so small that each all-reduce costs little more than a barrier: latency, not
+    bandwidth, bounds them, and fewer larger buckets would pay it fewer times."""
+    comm_s, count, barrier_s = (_value(telemetry, k) for k in ("comm_s", "buckets", "barrier_s"))
+    if not _comm_measured(telemetry) or comm_s is None or count is None or barrier_s is None or count <= 1:
+        return None
+    each = comm_s / count
+    if each >= LATENCY_BOUND * barrier_s:
+        return None
+    sizes = [b for b in telemetry.get("bucket_bytes") or () if isinstance(b, int | float)]
+    mean = f" of {statistics.fmean(sizes) / 2**20:.2f} MB on average" if sizes else ""
+    return (
+        f"{count:g} gradient buckets{mean} take {_ms(each)} ms each to all-reduce, under {LATENCY_BOUND} "
+        f"barrier latencies ({_ms(barrier_s)} ms each): latency bounds them; raise ddp.bucket_cap_mb "
+        "(try `--bucket-cap-mb` in the study)"
+    )
+
+
+def _links(preflight: Mapping[str, Any] | None) -> list[Link]:
+    found = [] if preflight is None else preflight.get("links") or []
+    return [
+        Link(str(link["src"]), str(link["dst"]), float(link["gbps"]))
+        for link in found
+        if isinstance(link, Mapping) and {"src", "dst"} <= link.keys() and _value(link, "gbps") is not None
+    ]
+
+
+def _slow_link(links: Sequence[Link]) -> str | None:
+    # Measured against the fastest link, not the median: with three nodes a slow one sits on two of
+    # the three ring links, and the median is then itself slow.
+    if not links:
+        return None
+    fastest = max(link.gbps for link in links)
+    slow = [link for link in links if link.gbps < SLOW_LINK * fastest]
+    if not slow:
+        return None
+    hosts = slow_hosts(links, SLOW_LINK * fastest)
+    shown = ", ".join(f"{link.src}->{link.dst} {link.gbps:.2f} Gb/s" for link in slow)
+    # slow_hosts names a host on two or more slow links, else both ends of the slowest one, which
+    # one measurement cannot tell apart.
+    shared = all(sum(host in (link.src, link.dst) for link in slow) >= 2 for host in hosts)
+    if len(hosts) == 1:
+        fix = f"exclude it (resources.exclude={hosts[0]})"
+    elif shared:
+        fix = f"exclude them (resources.exclude={','.join(hosts)})"
+    else:
+        fix = f"exclude one of them (resources.exclude={hosts[0]} or {hosts[-1]})"
+    return (
+        f"the preflight measured slow links on {', '.join(hosts)} ({shown}, the fastest "
+        f"{fastest:.2f} Gb/s): {fix} or report it to the cluster admins"
+    )
+
+
+def _no_cause(point: Point, row: Row, telemetry: Mapping[str, Any], mode: str) -> str:
+    if row.exposed_comm_frac is not None:
+        comm = f"{_percent(row.exposed_comm_frac)} exposed communication"
+    elif not _comm_measured(telemetry):
+        comm = "communication not measured (the model installs its own comm hook)"
+    else:
+        comm = "communication not measured"
+    wait = (
+        "data wait not measured"
+        if row.data_wait_frac is None
+        else f"{_percent(row.data_wait_frac)} data wait"
+    )
+    buckets = (
+        ", no latency-bound buckets"
+        if _comm_measured(telemetry)
+        and None not in (_value(telemetry, k) for k in ("comm_s", "buckets", "barrier_s"))
+        else ""
+    )
+    links = "no slow preflight link" if _links(point.preflight) else "no preflight links to compare"
+    where = {
+        "weak": "profile one rank (torch.profiler) for work that grows with the number of ranks",
+        "strong": "each rank's share of the global batch shrinks as ranks grow, so its compute runs "
+        "less efficiently; a larger global batch shows whether that is it",
+    }[mode]
+    return f"no cause visible in the telemetry: {comm}, {wait}{buckets}, {links}; {where}"
+
+
+def _overall(rows: Sequence[Row], mode: str) -> str:
+    scaling = _SCALING[mode]
+    sized = [r for r in rows if r.role in ("baseline", "size")]
+    baseline = next((r for r in sized if r.role == "baseline"), None)
+    if baseline is None or baseline.throughput is None:
+        if baseline is None:
+            why = "no baseline element"
+        elif baseline.state != COMPLETED:
+            why = f"the baseline (element {baseline.index}) ended {baseline.state}"
+        else:
+            why = f"the baseline (element {baseline.index}) measured no throughput"
+        return f"{scaling}: {why}: speedup and efficiency cannot be computed"
+    largest = max(sized, key=lambda r: r.ranks)
+    where = f"{largest.ranks} ranks ({largest.label})"
+    if largest.efficiency is None:
+        why = largest.state if largest.state != COMPLETED else "no throughput measured"
+        text = f"{scaling}: no efficiency at the largest size, {where}: {why}"
+        measured = max((r for r in sized if r.efficiency is not None), key=lambda r: r.ranks)
+        if measured.ranks > baseline.ranks and measured.efficiency is not None:
+            text += (
+                f"; the largest measured, {measured.ranks} ranks ({measured.label}): "
+                f"{_percent(measured.efficiency)}"
+            )
+        return text
+    unmeasured = any(r.efficiency is None for r in sized)
+    flagged = any(
+        r.ranks > 1 and ((r.efficiency is not None and r.efficiency < EFFICIENCY_FLOOR) or _comm_flagged(r))
+        for r in sized
+    )
+    efficiency = _percent(largest.efficiency)
+    if largest.efficiency >= EFFICIENCY_FLOOR and not (flagged or unmeasured):
+        return (
+            f"{scaling} is within the thresholds: efficiency {efficiency} at {where}; every size reaches "
+            f"{EFFICIENCY_FLOOR:.0%} with at most {COMM_CEILING:.0%} of the step in exposed communication"
+        )
+    meets = "meets" if largest.efficiency >= EFFICIENCY_FLOOR else "is below"
+    return f"{scaling}: efficiency {efficiency} at {where} {meets} the {EFFICIENCY_FLOOR:.0%} floor"
+
+
+def _bucket_advice(rows: Sequence[Row], unit: str) -> str | None:
+    tried = [r for r in rows if r.role == "bucket"]
+    if not tried:
+        return None
+    ranks = max(r.ranks for r in tried)
+    # The size element at the same ranks ran with the experiment's own bucket size: the one to beat.
+    candidates = sorted(
+        (r for r in rows if r.role in ("bucket", "size") and r.ranks == ranks),
+        key=lambda r: (r.bucket_cap_mb is None, r.bucket_cap_mb or 0.0),
+    )
+    shown = ", ".join(f"{_bucket(r)}: {_measured(r)}" for r in candidates)
+    measured = [r for r in candidates if r.throughput is not None]
+    if not measured:
+        return f"no bucket size measured a throughput at {ranks} ranks ({shown})"
+    top = max(r.throughput for r in measured if r.throughput is not None)
+    best = [r for r in measured if r.throughput == top]
+    verb = "gives" if len(best) == 1 else "tie for"
+    lead = (
+        f"bucket_cap_mb: {' and '.join(_bucket(r) for r in best)} {verb} the highest throughput at "
+        f"{ranks} ranks ({shown} {unit})"
+    )
+    # Of a tie, the smallest: its first all-reduce starts earliest in the backward pass.
+    pick = best[0].bucket_cap_mb
+    if pick is None:
+        return f"{lead}; keep the experiment's own ddp.bucket_cap_mb"
+    return f"{lead}; put `ddp: {{bucket_cap_mb: {pick:g}}}` in the experiment"
+
+
+def _bucket(row: Row) -> str:
+    return "own" if row.bucket_cap_mb is None else f"{row.bucket_cap_mb:g}"
+
+
+def _measured(row: Row) -> str:
+    if row.throughput is not None:
+        return _rate(row.throughput)
+    return row.state if row.state != COMPLETED else "not measured"
+
+
+def _comm_flagged(row: Row) -> bool:
+    return row.exposed_comm_frac is not None and row.exposed_comm_frac > COMM_CEILING
+
+
+def _comm_measured(telemetry: Mapping[str, Any] | None) -> bool:
+    # A model with its own comm hook replaces the one that times the all-reduces.
+    return telemetry is not None and telemetry.get("comm_measured") is not False
+
+
+def _value(mapping: Mapping[str, Any] | None, key: str) -> float | None:
+    """A finite number under `key`, else None (missing, null, NaN, or not a number)."""
+    value = None if mapping is None else mapping.get(key)
+    # bool is an int to Python: a stray true must not read as 1.
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        return None
+    return float(value)
+
+
+def _cell(value: float | None, shown: Callable[[float], str]) -> str:
+    return "-" if value is None else shown(value)
+
+
+def _rate(value: float) -> str:
+    return f"{value:.1f}" if value >= 1 else f"{value:.3g}"
+
+
+def _percent(value: float) -> str:
+    # One decimal: 89.6 % must not read as the 90 % it fails.
+    return f"{value:.1%}"
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1000:.2f}"

@@ -1,0 +1,181 @@
+"""`scale`: submit the elements of a scaling study, follow them, report what they measured.
+
+The study directory is laid out as a sweep's (sweep.json, one directory an element), so status,
+logs and cancel work on it; its elements are separate jobs, since each size asks Slurm for other
+resources. On Slurm each element waits for the one before it (`--dependency=afterany`): measured
+one at a time, no element shares the nodes or the fabric with another.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any, TextIO
+
+from slurmddp.cluster import slurm
+from slurmddp.errors import EXIT_JOB_FAILED, ConfigError, SlurmddpError
+from slurmddp.experiment.load import Loaded, load_experiment
+from slurmddp.experiment.study import Element, Study
+from slurmddp.files import write_atomic, write_json
+from slurmddp.layout import PREFLIGHT, RESULT, STUDY_CSV, STUDY_PNG, SWEEP, new_run_dir
+from slurmddp.manage import index, runs, scaling, sweeps
+from slurmddp.manage.follow import FINAL_OK, follow
+from slurmddp.submit import submitter
+from slurmddp.submit.planner import plan_for, resolve_executor
+
+
+def submit(
+    source: Path, overrides: list[str], study: Study, argv: list[str], out: TextIO, wait: bool | None
+) -> int:
+    """Submit every element (all or none), then, when waiting, follow them and print the report."""
+    base = load_experiment(source, overrides)
+    if base.sweep is not None:
+        raise ConfigError(f"{source}: scale measures one experiment; drop its sweep: section (sweep=null)")
+    loaded = [load_experiment(source, [*overrides, *dotlist(e.overrides)]) for e in study.elements]
+    executor = resolve_executor(base.experiment.executor)
+    study_dir = new_run_dir(base.experiment.output_dir, base.experiment.name)
+    if executor == "slurm":
+        # Every size is asked about before any is submitted: a study is submitted whole or not at all.
+        for element, one in zip(study.elements, loaded, strict=True):
+            submitter.check_schedulable(
+                plan_for(one, executor="slurm", run_dir=study_dir / dir_name(element))
+            )
+    plan = plan_for(base, executor=executor, run_dir=study_dir)
+    created = submitter.make_run_dir(study_dir, base.experiment)
+    described = {"mode": study.mode, "batch_key": study.batch_key}
+    manifest = submitter.study_manifest(plan, base, argv, [_entry(e) for e in study.elements], described)
+    write_json(study_dir / SWEEP, manifest)
+    out.write(f"slurmddp: {study.mode} scaling study of {len(study.elements)} jobs, one at a time\n")
+    out.write(f"  study dir: {study_dir}\n")
+    if executor == "local":
+        index.remember(study_dir, "sweep", plan.job_name, "local")
+        failed = 0
+        for element, one in zip(study.elements, loaded, strict=True):
+            sub = submitter.submit(
+                plan_for(one, executor="local", run_dir=study_dir / dir_name(element)), one, argv
+            )
+            submitter.record_submission(study_dir, manifest, sub, element.index)
+            out.write(f"slurmddp: element {element.index} ({element.label}): job {sub.job_id}\n")
+            failed += follow(sub, out) != FINAL_OK
+        report(runs.load(study_dir), out)
+        return EXIT_JOB_FAILED if failed else 0
+    first = _submit_chain(source, overrides, study, study_dir, manifest, argv, created, out)
+    index.remember(study_dir, "sweep", plan.job_name, first)
+    if not (wait if wait is not None else True):
+        out.write(f"  report:    python -m slurmddp results {study_dir}\n")
+        return 0
+    code = sweeps.wait(study_dir, out)
+    report(runs.load(study_dir), out)
+    return code
+
+
+def _submit_chain(
+    source: Path,
+    overrides: list[str],
+    study: Study,
+    study_dir: Path,
+    manifest: dict[str, Any],
+    argv: list[str],
+    created: list[Path],
+    out: TextIO,
+) -> str:
+    """Submit the elements, each depending on the one before; on a refusal cancel those already
+    submitted and remove the study directory. The first job's id."""
+    submitted: list[str] = []
+    try:
+        for element in study.elements:
+            after = [f"resources.sbatch.dependency=afterany:{submitted[-1]}"] if submitted else []
+            one: Loaded = load_experiment(source, [*overrides, *dotlist(element.overrides), *after])
+            sub = submitter.submit(
+                plan_for(one, executor="slurm", run_dir=study_dir / dir_name(element)), one, argv
+            )
+            submitted.append(sub.job_id)
+            submitter.record_submission(study_dir, manifest, sub, element.index)
+            out.write(f"slurmddp: element {element.index} ({element.label}): job {sub.job_id}\n")
+    except BaseException:
+        if submitted:
+            slurm.cancel(submitted)
+        submitter.discard(study_dir, created)
+        raise
+    return submitted[0]
+
+
+def dotlist(overrides: dict[str, Any]) -> list[str]:
+    """{key: value} -> ["key=value", ...] as the command line gives overrides."""
+    return [
+        f"{key}={json.dumps(value) if isinstance(value, str) else value}" for key, value in overrides.items()
+    ]
+
+
+def dir_name(element: Element) -> str:
+    """`002-2nodes`, `004-3nodes-bucket5`: the index first, so the directories sort."""
+    text = element.label.replace(" node", "node").replace(", bucket ", "-bucket").replace(" MB", "")
+    return f"{element.index:03d}-{text.replace(' ', '-')}"
+
+
+def _entry(element: Element) -> dict[str, Any]:
+    described = asdict(element)
+    described["dir"] = dir_name(element)
+    return described
+
+
+def report(target: runs.Target, out: TextIO) -> scaling.Analysis:
+    """Print the study's table, verdicts and bucket advice; write STUDY_DIR/study.csv and .png."""
+    study = target.manifest.get("study")
+    if not isinstance(study, dict):
+        raise SlurmddpError(f"{target.dir} is not a scaling study (made by `python -m slurmddp scale`)")
+    states = {row.index: row.state for row in runs.rows(target, with_usage=False)}
+    described = {e["index"]: e for e in target.manifest["elements"]}
+    points = [
+        scaling.Point(
+            index=element.index or 0,
+            label=described[element.index]["label"],
+            nodes=described[element.index]["nodes"],
+            ranks=described[element.index]["ranks"],
+            bucket_cap_mb=described[element.index]["bucket_cap_mb"],
+            state=states.get(element.index, "UNKNOWN"),
+            telemetry=_with_samples(
+                _read(element.dir / RESULT).get("telemetry"),
+                described[element.index]["overrides"].get(str(study.get("batch_key"))),
+            ),
+            preflight=_read(element.dir / PREFLIGHT) or None,
+            role=described[element.index]["role"],
+        )
+        for element in target.elements
+    ]
+    analysis = scaling.analyse(points, str(study["mode"]))
+    out.write(scaling.study_table(analysis.rows, analysis.unit) + "\n")
+    for line in analysis.verdicts:
+        out.write(f"  {line}\n")
+    if analysis.bucket_advice:
+        out.write(f"  {analysis.bucket_advice}\n")
+    write_atomic(target.dir / STUDY_CSV, scaling.study_csv(analysis.rows, analysis.unit))
+    written = [str(target.dir / STUDY_CSV)]
+    try:
+        scaling.plot(analysis.rows, target.dir / STUDY_PNG, str(study["mode"]))
+        written.append(str(target.dir / STUDY_PNG))
+    except SlurmddpError as exc:
+        out.write(f"slurmddp: no plot: {exc}\n")
+    out.write(f"slurmddp: wrote {' and '.join(written)}\n")
+    out.flush()
+    return analysis
+
+
+def _with_samples(telemetry: Any, global_batch: Any) -> dict[str, Any] | None:
+    """A loop without `ctx.loader` counts steps, not samples; the study knows each element's global
+    batch, and weak scaling compares samples (its global batch grows with the ranks)."""
+    if not isinstance(telemetry, dict):
+        return None
+    steps_per_s = telemetry.get("steps_per_s")
+    if telemetry.get("samples_per_s") is None and isinstance(global_batch, int) and steps_per_s:
+        return {**telemetry, "samples_per_s": global_batch * steps_per_s}
+    return telemetry
+
+
+def _read(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
