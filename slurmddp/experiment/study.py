@@ -94,74 +94,28 @@ def plan(
     values = _batches(mode, key, batch, written, counts)
     common: dict[str, Any] = {} if steps is None else {"telemetry.max_steps": steps}
     ranks_key = "resources.gpus_per_node" if exp.resources.gpus_per_node else "resources.tasks_per_node"
-    elements = [
-        _element(
-            0,
-            "baseline",
-            "baseline",
-            1,
-            1,
-            None,
-            {"resources.nodes": 1, ranks_key: 1},
-            key,
-            values[1],
-            common,
-        )
-    ]
+    elements: list[Element] = []
+
+    def add(role: str, label: str, nodes: int, per: int, cap: float | None) -> None:
+        overrides = {"resources.nodes": nodes, ranks_key: per, **common}
+        if cap is not None:
+            overrides["ddp.bucket_cap_mb"] = cap
+        if key is not None and values[nodes * per] is not None:
+            overrides[key] = values[nodes * per]
+        elements.append(Element(len(elements), role, label, nodes, nodes * per, cap, overrides))
+
+    # With one rank per node, one node is the 1-rank baseline: it is not run twice.
+    add("baseline", "1 node (baseline)" if per_node == 1 and 1 in sizes else "baseline", 1, 1, None)
     for n in sizes:
-        label = f"{n} node{'s' if n > 1 else ''}"
-        size_overrides = {"resources.nodes": n, ranks_key: per_node}
-        elements.append(
-            _element(
-                len(elements),
-                "size",
-                label,
-                n,
-                n * per_node,
-                None,
-                size_overrides,
-                key,
-                values[n * per_node],
-                common,
-            )
-        )
-    largest = sizes[-1]
+        if n * per_node > 1:
+            add("size", _nodes(n), n, per_node, None)
     for cap in bucket_caps:
-        overrides = {"resources.nodes": largest, ranks_key: per_node, "ddp.bucket_cap_mb": cap}
-        label = f"{largest} node{'s' if largest > 1 else ''}, bucket {cap:g} MB"
-        elements.append(
-            _element(
-                len(elements),
-                "bucket",
-                label,
-                largest,
-                largest * per_node,
-                cap,
-                overrides,
-                key,
-                values[largest * per_node],
-                common,
-            )
-        )
+        add("bucket", f"{_nodes(sizes[-1])}, bucket {cap:g} MB", sizes[-1], per_node, cap)
     return Study(mode="weak" if mode == "weak" else "strong", batch_key=key, elements=tuple(elements))
 
 
-def _element(
-    index: int,
-    role: str,
-    label: str,
-    nodes: int,
-    ranks: int,
-    cap: float | None,
-    overrides: dict[str, Any],
-    key: str | None,
-    batch: int | None,
-    common: dict[str, Any],
-) -> Element:
-    full = {**overrides, **common}
-    if key is not None and batch is not None:
-        full[key] = batch
-    return Element(index, role, label, nodes, ranks, cap, full)
+def _nodes(count: int) -> str:
+    return f"{count} node{'s' if count > 1 else ''}"
 
 
 def _batch(exp: Experiment, batch_key: str | None) -> tuple[str | None, int | None]:

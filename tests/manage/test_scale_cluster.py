@@ -1,0 +1,143 @@
+"""`scale` on the real lab: weak scaling of a sleep-compute workload over 1-3 nodes, checked against
+the jobs' own step records and a plain all-reduce; a slowed link named; a too-large size refused."""
+
+from __future__ import annotations
+
+import csv
+import json
+import statistics
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from conftest import slurmddp
+
+from slurmddp.experiment.study import BATCH_KEY
+
+pytestmark = pytest.mark.slurm
+
+ROOT = Path(__file__).resolve().parents[2]
+WORKLOAD = ROOT / "examples" / "sleep_compute.yaml"
+WARMUP = 3  # telemetry.warmup_steps' default: the same steps are left out of the own figures
+
+
+def study_dir(out: Path) -> Path:
+    found = sorted(p.parent for p in out.glob("*/*/sweep.json"))
+    assert len(found) == 1, found
+    return found[0]
+
+
+def own_step_s(run: Path) -> float:
+    """The median time between the ends of two steps, from the workload's own record."""
+    times = [float(line.split()[1]) for line in (run / "own_steps.txt").read_text().splitlines()]
+    return statistics.median(b - a for a, b in zip(times[WARMUP:], times[WARMUP + 1 :], strict=False))
+
+
+def scale(env: dict[str, str], tmp: Path, *args: str) -> tuple[subprocess.CompletedProcess[str], Path]:
+    out = tmp / "runs"
+    proc = slurmddp(
+        env,
+        tmp,
+        "scale",
+        str(WORKLOAD),
+        *args,
+        "profile=lab",
+        f"output_dir={out}",
+        "telemetry.every_s=2",
+        timeout=900,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc, study_dir(out)
+
+
+def test_weak_scaling_agrees_with_the_jobs_own_step_records(
+    slurm_env: dict[str, str], tmp_path: Path
+) -> None:
+    proc, study = scale(slurm_env, tmp_path, "--nodes", "1,2,3", "--steps", "40")
+    rows = list(csv.DictReader((study / "study.csv").open()))
+    assert [(r["nodes"], r["ranks"], r["state"]) for r in rows] == [
+        ("1", "1", "COMPLETED"),
+        ("2", "2", "COMPLETED"),
+        ("3", "3", "COMPLETED"),
+    ]
+    assert (study / "study.png").read_bytes().startswith(b"\x89PNG")
+    manifest = json.loads((study / "sweep.json").read_text())
+    dirs = [study / e["dir"] for e in manifest["elements"]]
+    batches = [e["overrides"][f"train.{BATCH_KEY}"] for e in manifest["elements"]]
+    assert batches == [8, 16, 24]  # weak: the batch per rank is kept
+    own = [batch / own_step_s(run) for batch, run in zip(batches, dirs, strict=True)]
+    shown = []
+    for row, ranks, throughput in zip(rows, (1, 2, 3), own, strict=True):
+        own_efficiency = throughput / own[0] / ranks
+        shown.append((float(row["efficiency"]), own_efficiency))
+        assert abs(float(row["efficiency"]) - own_efficiency) < 0.05, shown
+    for run in dirs[1:]:
+        result = json.loads((run / "result.json").read_text())
+        telemetry, plain = result["telemetry"], result["result"]["allreduce_s"]
+        assert result["num_nodes"] == len(telemetry["rank_samples_per_s"])
+        assert telemetry["bucket_bytes"] == result["result"]["bucket_bytes"]
+        # DDP's all-reduces of the same buckets, overlapped with backward's sleep, against the same
+        # all-reduces run one by one on idle ranks.
+        assert 0.5 < telemetry["comm_s"] / plain < 2.0, (telemetry["comm_s"], plain)
+    assert "weak scaling" in proc.stdout
+    print(proc.stdout)
+    print("efficiency (tool, own records):", shown)
+
+
+@pytest.fixture
+def slow_node3(slurm_env: dict[str, str]) -> Iterator[str]:
+    """Both directions of node3's link limited to 100 Mbit/s: the bridge side of its veth and
+    its own eth0, inside the lab's namespace."""
+    devices = [["tc"], ["nsenter", "--net=/run/netns/slurmddp-node3", "tc"]]
+    names = ["slurmddp-n3", "eth0"]
+    for tc, dev in zip(devices, names, strict=True):
+        subprocess.run(
+            [
+                *tc,
+                "qdisc",
+                "replace",
+                "dev",
+                dev,
+                "root",
+                "tbf",
+                "rate",
+                "100mbit",
+                "burst",
+                "64kb",
+                "latency",
+                "400ms",
+            ],
+            check=True,
+        )
+    try:
+        yield "node3"
+    finally:
+        for tc, dev in zip(devices, names, strict=True):
+            subprocess.run([*tc, "qdisc", "del", "dev", dev, "root"], check=False)
+
+
+def test_a_slowed_link_is_named_with_communication(
+    slurm_env: dict[str, str], slow_node3: str, tmp_path: Path
+) -> None:
+    proc, study = scale(slurm_env, tmp_path, "--nodes", "1,3", "--steps", "12")
+    rows = list(csv.DictReader((study / "study.csv").open()))
+    assert float(rows[-1]["efficiency"]) < 0.5, rows
+    verdicts = [line for line in proc.stdout.splitlines() if line.startswith("  3 nodes:")]
+    assert any("communication is not hidden" in line for line in verdicts), proc.stdout
+    assert any("slow links on node3" in line and "resources.exclude=node3" in line for line in verdicts), (
+        proc.stdout
+    )
+    print(proc.stdout)
+
+
+def test_a_size_larger_than_the_cluster_is_refused_and_nothing_submitted(
+    slurm_env: dict[str, str], tmp_path: Path
+) -> None:
+    out = tmp_path / "runs"
+    proc = slurmddp(
+        slurm_env, tmp_path, "scale", str(WORKLOAD), "--nodes", "1,4", "profile=lab", f"output_dir={out}"
+    )
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "4 nodes, but debug has 3" in proc.stderr, proc.stderr
+    assert not out.exists()
