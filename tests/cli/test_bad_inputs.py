@@ -114,6 +114,9 @@ BAD_VALUES: dict[str, tuple[str, ...]] = {
     "preflight.fail_on_host": (NEWLINE,),
     "ddp.bucket_cap_mb": ("0",),
     "ddp.accumulate": ("0",),
+    "telemetry.every_s": ("0",),
+    "telemetry.warmup_steps": ("-1",),
+    "telemetry.max_steps": ("0",),
     "trackers.mlflow_uri": (NEWLINE,),
     "dist.backend": ("nccl",),  # without GPUs
     **{
@@ -211,6 +214,49 @@ COMMAND_CASES = [
     Case("doctor:override-without-probe", ("doctor", "resources.nodes=2"), "--probe"),
     Case("doctor:bad-probe-override", ("doctor", "--probe", "resources.nodes=abc"), "resources.nodes"),
     Case("mpilaunch:missing-file", ("mpilaunch", "{tmp}/no-such.yaml"), "no-such.yaml"),
+    Case("scale:no-nodes", ("scale", "exp.yaml"), "--nodes"),
+    Case("scale:empty-nodes", ("scale", "exp.yaml", "output_dir={out}", "--nodes", ""), "--nodes"),
+    Case("scale:nodes-not-numbers", ("scale", "exp.yaml", "output_dir={out}", "--nodes", "1,two"), "--nodes"),
+    Case("scale:nodes-twice", ("scale", "exp.yaml", "output_dir={out}", "--nodes", "2,2"), "twice"),
+    Case(
+        "scale:bad-mode",
+        ("scale", "exp.yaml", "output_dir={out}", "--nodes", "1,2", "--mode", "fast"),
+        "--mode",
+    ),
+    Case(
+        "scale:strong-without-batch",
+        ("scale", "exp.yaml", "output_dir={out}", "--nodes", "1,2", "--mode", "strong"),
+        "--mode strong",
+    ),
+    Case(
+        "scale:strong-uneven-batch",
+        (
+            "scale",
+            "exp.yaml",
+            "output_dir={out}",
+            "--nodes",
+            "1,3",
+            "--mode",
+            "strong",
+            "train.global_batch=64",
+        ),
+        "3 rank(s) cannot split it",
+    ),
+    Case(
+        "scale:missing-batch-key",
+        ("scale", "exp.yaml", "output_dir={out}", "--nodes", "1,2", "--batch-key", "bs"),
+        "--batch-key",
+    ),
+    Case(
+        "scale:bad-bucket",
+        ("scale", "exp.yaml", "output_dir={out}", "--nodes", "2", "--bucket-cap-mb", "0"),
+        "--bucket-cap-mb",
+    ),
+    Case(
+        "scale:steps-zero",
+        ("scale", "exp.yaml", "output_dir={out}", "--nodes", "2", "--steps", "0"),
+        "--steps",
+    ),
 ]
 
 CONFIG_CASES = list(config_cases())
