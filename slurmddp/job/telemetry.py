@@ -8,7 +8,9 @@ Each step (after `telemetry.warmup_steps`) every rank records
   (the bucket is multiplied by 1/world_size, then all-reduced: the same bits), with wall clocks on
   CPU and CUDA events on GPUs: `comm_s`, the time at least one bucket was in flight, and
   `exposed_s`, the part of it after the last bucket was launched, when backward's compute was
-  done and nothing was left to hide it behind.
+  done and nothing was left to hide it behind. A bucket's all-reduce ends when the last rank has
+  joined it, so a rank's `comm_s` holds its wait for slower ranks too; the least `comm_s` over the
+  ranks (`comm_min_s`) is the transfer alone.
 Every `telemetry.every_s` seconds (rank 0 decides, the loop's boundary all-reduce carries it, so
 every rank is at the same step) the ranks gather their figures in one small all-gather and rank 0
 logs them as `perf/...` metrics; at the end of the loop the totals since warm-up become the
@@ -272,6 +274,11 @@ class Telemetry:
                 statistics.fmean(s["data_s"] / s["step_s"] for s in sums if s["step_s"] > 0), 4
             ),
             "comm_s": round(comm_s, 6) if self.comm_measured else None,
+            # The rank that reached its buckets last waited for nobody: its time is the transfer,
+            # and comm_s above it is the ranks' wait for one another.
+            "comm_min_s": round(min(s["comm_s"] / s["steps"] for s in sums), 6)
+            if self.comm_measured
+            else None,
             "exposed_comm_s": round(exposed_s, 6) if self.comm_measured else None,
             "exposed_comm_frac": round(exposed_s / step_s, 4) if self.comm_measured and step_s > 0 else None,
             "peak_mem_bytes": [int(p) for p in peaks] if self.device.type == "cuda" else None,

@@ -80,9 +80,14 @@ def test_weak_scaling_agrees_with_the_jobs_own_step_records(
         assert result["num_nodes"] == telemetry["world_size"] == ranks
         assert telemetry["bucket_bytes"] == result["result"]["bucket_bytes"]
         # DDP's all-reduces of the same buckets, overlapped with backward's sleep, against the same
-        # all-reduces run one by one on idle ranks.
-        print(f"{ranks} ranks: comm_s {telemetry['comm_s']:.4f} s, plain all-reduces {plain:.4f} s")
-        assert 0.5 < telemetry["comm_s"] / plain < 2.0, (telemetry["comm_s"], plain)
+        # all-reduces run one by one after a barrier. The fastest rank's time is the transfer; the
+        # mean holds the ranks' wait for one another, which the plain all-reduces start without.
+        comm, fastest = telemetry["comm_s"], telemetry["comm_min_s"]
+        print(
+            f"{ranks} ranks: comm_s {comm:.4f} s, comm_min_s {fastest:.4f} s, plain all-reduces {plain:.4f} s"
+        )
+        assert 0.67 < fastest / plain < 1.5, (fastest, plain)
+        assert fastest <= comm
     assert "weak scaling" in proc.stdout
 
 
