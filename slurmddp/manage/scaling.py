@@ -31,6 +31,9 @@ LATENCY_BOUND = 4
 """A bucket whose all-reduce takes under this many barrier latencies pays mostly latency."""
 SLOW_LINK = 0.5
 """A preflight link slower than this share of the fastest link is named as slow."""
+COMPUTE_SLACK = 1.2
+"""A rank's compute (step time less data wait and exposed communication) this much above what the
+baseline's predicts is named: the ranks are slower at computing, not at talking."""
 MODES = ("weak", "strong")
 COMPLETED = "COMPLETED"
 _SCALING = {
@@ -107,8 +110,11 @@ def analyse(points: Sequence[Point], mode: str) -> Analysis:
     base_x = None if baseline is None else _throughput(baseline, unit)
     base_ranks = baseline.ranks if baseline else 1
     rows = tuple(_row(p, unit, base_x, base_ranks) for p in points)
+    alone = compute_s(baseline.telemetry) if baseline is not None and baseline.state == COMPLETED else None
     verdicts = [
-        line for p, r in zip(points, rows, strict=True) for line in _point_verdicts(p, r, base_ranks, mode)
+        line
+        for p, r in zip(points, rows, strict=True)
+        for line in _point_verdicts(p, r, base_ranks, mode, alone)
     ]
     verdicts.append(_overall(rows, mode))
     return Analysis(mode, unit, rows, tuple(verdicts), _bucket_advice(rows, unit))
@@ -251,7 +257,33 @@ def _row(point: Point, unit: str, base_x: float | None, base_ranks: int) -> Row:
     )
 
 
-def _point_verdicts(point: Point, row: Row, base_ranks: int, mode: str) -> list[str]:
+def compute_s(telemetry: Mapping[str, Any] | None) -> float | None:
+    """Seconds a step computes: the step less its wait for data and its exposed communication."""
+    step_s = _value(telemetry, "step_s")
+    if telemetry is None or step_s is None:
+        return None
+    waited = (_value(telemetry, "data_wait_frac") or 0.0) * step_s
+    return (
+        step_s - waited - ((_value(telemetry, "exposed_comm_s") or 0.0) if _comm_measured(telemetry) else 0.0)
+    )
+
+
+def _slower_compute(point: Point, base_ranks: int, mode: str, alone: float | None) -> str | None:
+    """Weak scaling should compute as long a step as the baseline, strong scaling 1/N of it."""
+    measured = compute_s(point.telemetry)
+    if measured is None or not alone:
+        return None
+    expected = alone if mode == "weak" else alone * base_ranks / point.ranks
+    if measured <= COMPUTE_SLACK * expected:
+        return None
+    return (
+        f"each rank computes {_ms(measured)} ms a step where the baseline predicts {_ms(expected)} ms: the "
+        "ranks compute slower together than alone (nodes shared with other ranks or jobs, CPU threads "
+        "competing for cores, slower or throttled nodes); check the cores and GPUs each rank really has"
+    )
+
+
+def _point_verdicts(point: Point, row: Row, base_ranks: int, mode: str, alone: float | None) -> list[str]:
     name = f"{row.label} ({row.ranks} ranks)"
     if row.state != COMPLETED:
         return [f"{name}: {row.state}, not measured"]
@@ -276,6 +308,9 @@ def _point_verdicts(point: Point, row: Row, base_ranks: int, mode: str) -> list[
     elif not lines:
         lines.append(f"{name}: efficiency not computed (the baseline measured no throughput)")
     causes = _causes(point, row, point.telemetry)
+    slower = _slower_compute(point, base_ranks, mode, alone)
+    if slower:
+        causes.append(slower)
     if not causes:
         causes = [_no_cause(point, row, point.telemetry, mode)]
     return lines + [f"{row.label}: {cause}" for cause in causes]

@@ -201,6 +201,8 @@ def test_a_good_size_gets_no_cause_even_with_a_slow_link() -> None:
 def test_the_hint_without_a_visible_cause_depends_on_the_mode() -> None:
     study = [baseline(), point(1, 8, 560.0)]
     [weak] = [v for v in analyse(study, "weak").verdicts if "no cause visible" in v]
+    # Strong scaling: each of 8 ranks computes an eighth of the baseline's step (10 % over).
+    study = [baseline(), point(1, 8, 560.0, step_s=0.2 / 8 * 1.1)]
     [strong] = [v for v in analyse(study, "strong").verdicts if "no cause visible" in v]
     assert "torch.profiler" in weak
     assert "share of the global batch shrinks" in strong
@@ -332,3 +334,15 @@ def test_the_plot_is_a_png(tmp_path: Path) -> None:
 def test_an_unknown_mode_is_refused() -> None:
     with pytest.raises(SlurmddpError, match="'linear': must be one of weak, strong"):
         analyse(healthy_study(), "linear")
+
+
+def test_ranks_that_compute_slower_together_than_alone_are_named() -> None:
+    # Weak scaling: the baseline computes 0.2 * 0.99 s a step; 3 ranks sharing its cores take longer.
+    crowded = [baseline(), point(1, 3, 150.0, step_s=0.3)]
+    [line] = [v for v in analyse(crowded, "weak").verdicts if "compute slower together" in v]
+    assert "each rank computes 297.00 ms a step where the baseline predicts 198.00 ms" in line
+    fine = [baseline(), point(1, 3, 150.0, step_s=0.22)]  # within 20 %
+    assert not [v for v in analyse(fine, "weak").verdicts if "compute slower together" in v]
+    # Strong scaling expects a third of the baseline's compute on each of 3 ranks.
+    strong = [baseline(), point(1, 3, 150.0, step_s=0.2)]
+    assert [v for v in analyse(strong, "strong").verdicts if "predicts 66.00 ms" in v]
