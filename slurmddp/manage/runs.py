@@ -235,7 +235,7 @@ def rows(target: Target, with_usage: bool = True) -> list[Row]:
         used = _usage(element, records, allocations, states, since, now)
         metrics, metric_step = latest_metrics(element.dir)
         perf = {name: metrics.pop(name) for name in list(metrics) if name.startswith(PERF)}
-        progress = _read_optional(element.dir / PROGRESS).get("step")
+        progress = read_optional(element.dir / PROGRESS).get("step")
         steps = [s for s in (progress, metric_step) if isinstance(s, int)]
         out.append(
             Row(
@@ -347,7 +347,8 @@ def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
     return records
 
 
-def _read_optional(path: Path) -> dict[str, Any]:
+def read_optional(path: Path) -> dict[str, Any]:
+    """A JSON object from `path`; {} when it is missing, torn or not an object."""
     try:
         data = json.loads(path.read_text())
     except (OSError, ValueError):

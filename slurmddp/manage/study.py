@@ -136,10 +136,10 @@ def report(target: runs.Target, out: TextIO) -> scaling.Analysis:
             bucket_cap_mb=described[element.index]["bucket_cap_mb"],
             state=states.get(element.index, "UNKNOWN"),
             telemetry=_with_samples(
-                _read(element.dir / RESULT).get("telemetry"),
+                runs.read_optional(element.dir / RESULT).get("telemetry"),
                 described[element.index]["overrides"].get(str(study.get("batch_key"))),
             ),
-            preflight=_read(element.dir / PREFLIGHT) or None,
+            preflight=runs.read_optional(element.dir / PREFLIGHT) or None,
             role=described[element.index]["role"],
         )
         for element in target.elements
@@ -171,11 +171,3 @@ def _with_samples(telemetry: Any, global_batch: Any) -> dict[str, Any] | None:
     if telemetry.get("samples_per_s") is None and isinstance(global_batch, int) and steps_per_s:
         return {**telemetry, "samples_per_s": global_batch * steps_per_s}
     return telemetry
-
-
-def _read(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}

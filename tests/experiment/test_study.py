@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from slurmddp.errors import ConfigError
 from slurmddp.experiment.schema import Entrypoint, Experiment, Resources
-from slurmddp.experiment.study import numbers, plan
+from slurmddp.experiment.study import Study, numbers, plan
 
 
 def experiment(batch: int | None = 64, nodes: int = 2, tasks: int = 2, gpus: int = 0) -> Experiment:
@@ -15,37 +17,42 @@ def experiment(batch: int | None = 64, nodes: int = 2, tasks: int = 2, gpus: int
     return Experiment(entrypoint=Entrypoint(function="m:f"), resources=resources, train=train)
 
 
+DEFAULTS: dict[str, Any] = {
+    "nodes": [1, 2],
+    "ranks_per_node": None,
+    "mode": "weak",
+    "steps": None,
+    "batch_key": None,
+    "bucket_caps": [],
+    "cluster_nodes": None,
+}
+
+
+def study(exp: Experiment | None = None, **changes: Any) -> Study:
+    """plan() of `exp` (default: 64 a step on 2 nodes x 2 ranks) with DEFAULTS changed by `changes`."""
+    return plan(exp or experiment(), **{**DEFAULTS, **changes})
+
+
 def test_weak_scaling_keeps_the_batch_per_rank_and_adds_a_baseline() -> None:
-    study = plan(
-        experiment(),
-        nodes=[3, 1, 2],
-        ranks_per_node=None,
-        mode="weak",
-        steps=50,
-        batch_key=None,
-        bucket_caps=[],
-        cluster_nodes=3,
-    )
+    made = study(nodes=[3, 1, 2], steps=50, cluster_nodes=3)
     # Written for 4 ranks with 64: 16 a rank, kept at every size.
-    got = [(e.role, e.nodes, e.ranks, e.overrides["train.global_batch"]) for e in study.elements]
+    got = [(e.role, e.nodes, e.ranks, e.overrides["train.global_batch"]) for e in made.elements]
     assert got == [("baseline", 1, 1, 16), ("size", 1, 2, 32), ("size", 2, 4, 64), ("size", 3, 6, 96)]
-    assert all(e.overrides["telemetry.max_steps"] == 50 for e in study.elements)
-    assert study.elements[0].overrides["resources.tasks_per_node"] == 1
-    assert [e.index for e in study.elements] == [0, 1, 2, 3]
+    assert all(e.overrides["telemetry.max_steps"] == 50 for e in made.elements)
+    assert made.elements[0].overrides["resources.tasks_per_node"] == 1
+    assert [e.index for e in made.elements] == [0, 1, 2, 3]
 
 
 def test_strong_scaling_keeps_the_global_batch_and_bucket_sizes_run_at_the_largest() -> None:
-    study = plan(
+    made = study(
         experiment(batch=48, gpus=4),
         nodes=[1, 3],
         ranks_per_node=4,
         mode="strong",
-        steps=None,
         batch_key="train.global_batch",
         bucket_caps=[5, 100],
-        cluster_nodes=None,
     )
-    got = [(e.label, e.ranks, e.bucket_cap_mb, e.overrides["train.global_batch"]) for e in study.elements]
+    got = [(e.label, e.ranks, e.bucket_cap_mb, e.overrides["train.global_batch"]) for e in made.elements]
     assert got == [
         ("baseline", 1, None, 48),
         ("1 node", 4, None, 48),
@@ -53,28 +60,19 @@ def test_strong_scaling_keeps_the_global_batch_and_bucket_sizes_run_at_the_large
         ("3 nodes, bucket 5 MB", 12, 5, 48),
         ("3 nodes, bucket 100 MB", 12, 100, 48),
     ]
-    assert study.elements[2].overrides["resources.gpus_per_node"] == 4  # a GPU job sets GPUs, not tasks
-    assert study.elements[3].overrides["ddp.bucket_cap_mb"] == 5
-    assert "telemetry.max_steps" not in study.elements[0].overrides
+    assert made.elements[2].overrides["resources.gpus_per_node"] == 4  # a GPU job sets GPUs, not tasks
+    assert made.elements[3].overrides["ddp.bucket_cap_mb"] == 5
+    assert "telemetry.max_steps" not in made.elements[0].overrides
 
 
 def test_one_rank_per_node_measures_one_node_once_as_the_baseline() -> None:
-    study = plan(
-        experiment(batch=None, nodes=1, tasks=1),
-        nodes=[1, 2, 3],
-        ranks_per_node=None,
-        mode="weak",
-        steps=None,
-        batch_key=None,
-        bucket_caps=[],
-        cluster_nodes=None,
-    )
-    assert [(e.label, e.ranks) for e in study.elements] == [
+    made = study(experiment(batch=None, nodes=1, tasks=1), nodes=[1, 2, 3])
+    assert [(e.label, e.ranks) for e in made.elements] == [
         ("1 node (baseline)", 1),
         ("2 nodes", 2),
         ("3 nodes", 3),
     ]
-    assert all("train.global_batch" not in e.overrides for e in study.elements)  # none to keep
+    assert all("train.global_batch" not in e.overrides for e in made.elements)  # none to keep
 
 
 @pytest.mark.parametrize(
@@ -87,33 +85,14 @@ def test_one_rank_per_node_measures_one_node_once_as_the_baseline() -> None:
         ({"nodes": []}, "--nodes: give the node counts"),
     ],
 )
-def test_a_bad_study_is_refused(kwargs: dict[str, object], said: str) -> None:
-    settings: dict[str, object] = {
-        "nodes": [1, 2],
-        "ranks_per_node": 1,
-        "mode": "weak",
-        "steps": None,
-        "batch_key": None,
-        "bucket_caps": [],
-        "cluster_nodes": None,
-        **kwargs,
-    }
+def test_a_bad_study_is_refused(kwargs: dict[str, Any], said: str) -> None:
     with pytest.raises(ConfigError, match=said.replace("(", r"\(").replace(")", r"\)")):
-        plan(experiment(), **settings)  # type: ignore[arg-type]
+        study(ranks_per_node=1, **kwargs)
 
 
 def test_weak_scaling_needs_a_batch_that_splits_over_the_written_ranks() -> None:
     with pytest.raises(ConfigError, match="does not split evenly over the experiment's 4 ranks"):
-        plan(
-            experiment(batch=30),
-            nodes=[1],
-            ranks_per_node=None,
-            mode="weak",
-            steps=None,
-            batch_key=None,
-            bucket_caps=[],
-            cluster_nodes=None,
-        )
+        study(experiment(batch=30), nodes=[1])
 
 
 def test_numbers_are_positive_distinct_and_named() -> None:
