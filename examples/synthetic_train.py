@@ -72,12 +72,13 @@ def train(ctx: RunContext) -> dict[str, object]:
             if ctx.is_main:
                 print(f"step {step} loss {loss.item():.4f}", flush=True)
     elapsed = time.perf_counter() - started
-    steps_run = cfg.steps - loop.first_step
-    ctx.log(cfg.steps, loss=loss)
+    # loop.total_steps, not cfg.steps: telemetry.max_steps (scale --steps) may end the loop sooner.
+    steps_run = loop.total_steps - loop.first_step
+    ctx.log(loop.total_steps, loss=loss)
     if ctx.is_main:
         torch.save(model.state_dict(), ctx.run_dir / "final_model.pt")
     return {
-        "steps": cfg.steps,
+        "steps": loop.total_steps,
         "final_loss": loss.item(),
         "step_ms": 1000 * elapsed / max(1, steps_run),
         "first_step_at": first_step_at,

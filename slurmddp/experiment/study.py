@@ -80,6 +80,14 @@ def plan(
         raise ConfigError(f"--mode {mode}: must be weak or strong")
     if not nodes:
         raise ConfigError("--nodes: give the node counts to measure, e.g. --nodes 1,2,3")
+    warmup = exp.telemetry.warmup_steps
+    if steps is not None and steps <= warmup:
+        raise ConfigError(
+            f"--steps {steps}: the first {warmup} steps of a run are warm-up and not measured "
+            f"(telemetry.warmup_steps); give more steps, 20 or more for steady figures"
+        )
+    if not exp.telemetry.enabled:
+        raise ConfigError("scale reads what the loop measures: drop telemetry.enabled=false")
     per_node = ranks_per_node or exp.resources.ranks_per_node
     if cluster_nodes is not None and max(nodes) > cluster_nodes:
         where = exp.resources.partition or "the default partition"

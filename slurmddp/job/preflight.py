@@ -239,7 +239,9 @@ def run(settings: Preflight, dist: DistEnv, device: Any, host: str, run_dir: Pat
 
 
 def _ring(rank: int, world: int, data: Any, device: Any) -> tuple[int, float]:
-    """Send to the next rank while receiving from the previous one; seconds until both are done."""
+    """Send to the next rank while receiving from the previous one; seconds until the data from the
+    previous one is in: that link's time, not this rank's own sending (a slow link out of this node
+    would otherwise be blamed on the link into it)."""
     if world < 2:
         return rank, 0.0
     import torch
@@ -251,10 +253,13 @@ def _ring(rank: int, world: int, data: Any, device: Any) -> tuple[int, float]:
     requests = tdist.batch_isend_irecv(
         [tdist.P2POp(tdist.isend, data, nxt), tdist.P2POp(tdist.irecv, incoming, prev)]
     )
-    for request in requests:
-        request.wait()
+    # The receive is the last request (NCCL coalesces both into one, which then times both).
+    requests[-1].wait()
     _sync(device)
-    return prev, time.perf_counter() - started
+    received = time.perf_counter() - started
+    for request in requests[:-1]:
+        request.wait()
+    return prev, received
 
 
 def _sync(device: Any) -> None:

@@ -31,7 +31,8 @@ BARRIERS = 10
 """Timed barriers at the start of each attempt (after one untimed, which sets up connections)."""
 # One rank's figures as gathered: sums since the last record and since warm-up, then its own.
 _SUMS = ("steps", "step_s", "data_s", "comm_s", "exposed_s", "buckets")
-_EXTRA = ("barrier_s", "peak_mem")
+_TIMER = "_slurmddp_comm_timer"
+"""The attribute of a DDP module that holds the CommTimer its hook reports to."""
 
 
 def transport(backend: str, env: Mapping[str, str]) -> str:
@@ -127,17 +128,32 @@ class CommTimer:
 
 
 def attach(modules: Sequence[Any], timer: CommTimer) -> bool:
-    """Register the timed hook on every DDP module that has none; False when a module has its own
-    (registered by the user: a hook can be registered once), so communication goes unmeasured."""
+    """Time the all-reduces of every DDP module with `timer`; False when one of them cannot be:
+
+    - it has a hook of the user's (a module takes one hook, once);
+    - it keeps gradients as bucket views (ddp.gradient_as_bucket_view): when those gradients are
+      zeroed in place, DDP's own path divides the bucket where the hook would multiply, other bits.
+    A module timed by an earlier loop's timer is handed to this one.
+    """
     measured = True
     for module in modules:
-        if module._comm_hooks:
+        if isinstance(getattr(module, _TIMER, None), CommTimer):
+            setattr(module, _TIMER, timer)
+            continue
+        if module._comm_hooks or module.gradient_as_bucket_view:
             measured = False
             continue
+        setattr(module, _TIMER, timer)
         try:
-            # A lambda: DDP refuses a hook whose annotations are strings (`from __future__`).
-            module.register_comm_hook(module.process_group, lambda group, bucket: timer.hook(group, bucket))
-        except RuntimeError:  # a built-in hook registered by the user (register_builtin_comm_hook)
+            # A lambda: DDP refuses a hook whose annotations are strings (`from __future__`). It
+            # looks the timer up on each call, so that a later loop can take the module over.
+            module.register_comm_hook(
+                module.process_group, lambda group, bucket, m=module: getattr(m, _TIMER).hook(group, bucket)
+            )
+        except RuntimeError:  # a built-in hook of the user's (register_builtin_comm_hook)
+            # DDP records the Python hook before its reducer refuses it.
+            module._comm_hooks.pop()
+            delattr(module, _TIMER)
             measured = False
     return measured
 

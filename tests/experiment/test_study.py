@@ -83,6 +83,7 @@ def test_one_rank_per_node_measures_one_node_once_as_the_baseline() -> None:
         ({"mode": "strong", "nodes": [1, 3]}, "3 rank(s) cannot split it evenly"),
         ({"batch_key": "bs"}, "--batch-key bs: the experiment's train: has no 'bs'"),
         ({"nodes": []}, "--nodes: give the node counts"),
+        ({"steps": 3}, "--steps 3: the first 3 steps of a run are warm-up"),
     ],
 )
 def test_a_bad_study_is_refused(kwargs: dict[str, Any], said: str) -> None:
@@ -106,3 +107,10 @@ def test_numbers_are_positive_distinct_and_named() -> None:
     ):
         with pytest.raises(ConfigError, match=said):
             numbers(text, "--nodes", int)
+
+
+def test_a_study_needs_the_telemetry_on() -> None:
+    exp = experiment()
+    exp.telemetry.enabled = False
+    with pytest.raises(ConfigError, match="drop telemetry.enabled=false"):
+        study(exp)
