@@ -272,8 +272,10 @@ class Preflight:
 class Ddp:
     """How `ctx.ddp` wraps the model and how a step accumulates gradients."""
 
-    bucket_cap_mb: float = 25
-    """Gradient bucket size (DistributedDataParallel's bucket_cap_mb)."""
+    bucket_cap_mb: float | None = None
+    """Gradient bucket size in MiB (DistributedDataParallel's bucket_cap_mb). None: DDP's own
+    default, 25 MiB after a first bucket of 1 MiB that starts the first all-reduce early; any value
+    makes every bucket that size (`scale --bucket-cap-mb` compares sizes)."""
     gradient_as_bucket_view: bool = False
     """Gradients are views into the all-reduce buckets: saves one copy of the gradients."""
     static_graph: bool = False
@@ -285,7 +287,7 @@ class Ddp:
     """Micro-batches per optimizer step (`loop.micro_batches`); all but the last skip the all-reduce."""
 
     def __post_init__(self) -> None:
-        if self.bucket_cap_mb <= 0:
+        if self.bucket_cap_mb is not None and self.bucket_cap_mb <= 0:
             raise ConfigError(f"ddp.bucket_cap_mb: must be > 0, got {self.bucket_cap_mb}")
         _at_least("ddp.accumulate", self.accumulate, 1)
         if self.static_graph and self.accumulate > 1:
