@@ -112,5 +112,5 @@ def test_numbers_are_positive_distinct_and_named() -> None:
 def test_a_study_needs_the_telemetry_on() -> None:
     exp = experiment()
     exp.telemetry.enabled = False
-    with pytest.raises(ConfigError, match="drop telemetry.enabled=false"):
+    with pytest.raises(ConfigError, match=r"drop telemetry\.enabled=false"):
         study(exp)
