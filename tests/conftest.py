@@ -12,6 +12,7 @@ sys.path.
 from __future__ import annotations
 
 import os
+import shlex
 import subprocess
 import sys
 import time
@@ -111,8 +112,17 @@ def slurm_env(request: pytest.FixtureRequest) -> dict[str, str]:
     # Job variables of a surrounding allocation (pytest run inside a Slurm job) must not leak into
     # the sbatch/srun calls of the tests.
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
-    env["SLURM_CONF"] = last[len(EXPORT_PREFIX) :]
+    env.update(lab_exports(last, env))
     return env
+
+
+def lab_exports(line: str, env: Mapping[str, str]) -> dict[str, str]:
+    """The variables of `up`'s last line: `export SLURM_CONF=...`, and for the 24.11 lab
+    ` PATH=WRAPPERS:$PATH` (its client commands come first), `$PATH` meaning `env`'s."""
+    names = dict(word.split("=", 1) for word in shlex.split(line.removeprefix("export ")))
+    if "PATH" in names:
+        names["PATH"] = names["PATH"].replace("$PATH", env.get("PATH", ""))
+    return names
 
 
 def wait_for_job(job_id: str, env: Mapping[str, str], timeout: float = 120.0, poll: float = 0.5) -> str:
