@@ -348,6 +348,19 @@ def _crashed_first(failure: Mapping[str, Any] | None, stop: Mapping[str, Any]) -
     return signalled is None or float(failure["time"]) <= float(signalled)
 
 
+def record_failure(run_dir: Path, record: dict[str, Any], *, replace: bool = False) -> bool:
+    """Write RUN_DIR/failure.json, the attempt's failure record (`record` names its job_id and
+    restart_count); whether it was written. The first record of an attempt stands: what crashed
+    first is the cause, and the errors of the ranks it left behind ("Connection closed by peer")
+    are consequences. `replace`: a verdict that outranks any of those (the watchdog's diagnosis of
+    a hang, a failed preflight, which runs before any step)."""
+    path = run_dir / FAILURE
+    if not replace and this_attempt(path, str(record["job_id"]), int(record["restart_count"])) is not None:
+        return False
+    write_json(path, record)
+    return True
+
+
 def this_attempt(path: Path, job_id: str, restart_count: int) -> dict[str, Any] | None:
     """The record at `path` if the attempt (job_id, restart_count) wrote it, else None."""
     return _this_attempt(path, {"job_id": job_id, "restart_count": restart_count})

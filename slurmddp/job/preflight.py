@@ -19,8 +19,9 @@ from typing import Any
 from slurmddp.errors import PreflightError
 from slurmddp.experiment.schema import Preflight
 from slurmddp.files import write_json
+from slurmddp.job import attempts
 from slurmddp.job.distenv import DistEnv
-from slurmddp.layout import FAILURE, PREFLIGHT
+from slurmddp.layout import PREFLIGHT
 
 REPEATS = 8
 """Timed all-reduces after the first (the first also sets up connections, so it is not timed)."""
@@ -284,6 +285,6 @@ def _fail(dist: DistEnv, run_dir: Path, message: str, hosts: Sequence[str] = ())
         "time": time.time(),
     }
     with contextlib.suppress(OSError):
-        write_json(run_dir / FAILURE, record)
+        attempts.record_failure(run_dir, record, replace=True)
     print(f"slurmddp: {message}", flush=True)
     return PreflightError(message)

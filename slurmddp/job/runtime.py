@@ -30,7 +30,7 @@ from slurmddp.job.distenv import DistEnv
 from slurmddp.job.loop import StopForRequeue
 from slurmddp.job.spec import RankSpec
 from slurmddp.job.watchdog import Watchdog
-from slurmddp.layout import FAILURE, NCCL_TRACE, RESULT, STOP
+from slurmddp.layout import NCCL_TRACE, RESULT, STOP
 
 DEVICE_FAULTS = (
     "uncorrectable ECC error",
@@ -229,15 +229,12 @@ def _stopped(spec: RankSpec, dist: DistEnv, stop: StopForRequeue) -> dict[str, A
 def _record_failure(spec: RankSpec, dist: DistEnv, step: int | None, error: str) -> None:
     """Where the attempt crashed, for the failure budget (a crash at the same step twice stops),
     and that it crashed: the other ranks then get srun's SIGTERM, which is no stop request. A
-    device fault names this host, which the requeued job then leaves out. The first record of an
-    attempt stands: what a crash or the watchdog recorded is the cause, and the errors of the
-    ranks it left behind ("Connection closed by peer") are consequences."""
-    if attempts.this_attempt(Path(spec.run_dir) / FAILURE, dist.job_id, dist.restart_count) is not None:
-        return
+    device fault names this host, which the requeued job then leaves out. The attempt's first
+    record stands (attempts.record_failure)."""
     fault = next((words for words in DEVICE_FAULTS if words.lower() in error.lower()), None)
     host = socket.gethostname()
-    write_json(
-        Path(spec.run_dir) / FAILURE,
+    attempts.record_failure(
+        Path(spec.run_dir),
         {
             "step": step,
             "rank": dist.rank,

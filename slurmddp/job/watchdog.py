@@ -35,8 +35,9 @@ from typing import Any
 
 from slurmddp.cluster import hostlist
 from slurmddp.files import write_json
+from slurmddp.job import attempts
 from slurmddp.job.distenv import DistEnv
-from slurmddp.layout import FAILURE, HANGS
+from slurmddp.layout import HANGS
 
 AUTO_FLOOR_S = 300.0
 """The automatic timeout is never shorter: a slow first evaluation is not a hang."""
@@ -141,8 +142,8 @@ class Watchdog:
             reports = _collect(self._dir, self._dist.world_size, time.monotonic() + GATHER_S)
             cause, culprits = diagnose(reports, self._dist.world_size, hosts(self._dist, os.environ))
             write_json(summary, {"cause": cause, "reports": reports})
-            write_json(
-                self._run_dir / FAILURE,
+            attempts.record_failure(
+                self._run_dir,
                 {
                     "step": self._step,
                     "rank": rank,
@@ -154,6 +155,7 @@ class Watchdog:
                     "restart_count": self._dist.restart_count,
                     "time": time.time(),
                 },
+                replace=True,
             )
             print(f"slurmddp: {cause}; ending the attempt", file=sys.stderr, flush=True)
         else:

@@ -10,6 +10,7 @@ import pytest
 
 from slurmddp.defaults import EXIT_FINISHED
 from slurmddp.job import attempts
+from slurmddp.layout import FAILURE
 
 ENV = {"SLURM_JOB_ID": "77", "SLURM_RESTART_COUNT": "0", "SLURM_JOB_NODELIST": "node[1-2]"}
 
@@ -252,3 +253,17 @@ def test_a_node_the_job_names_in_its_nodelist_is_not_left_out(tmp_path: Path) ->
         "preflight failed: the job's resources.sbatch.nodelist names node2, so it cannot run without it: "
         "not retrying"
     )
+
+
+def test_the_first_failure_record_of_an_attempt_stands_unless_replaced(tmp_path: Path) -> None:
+    def record(error: str, restart: int = 0) -> dict[str, object]:
+        return {"step": 3, "rank": 1, "error": error, "job_id": "7", "restart_count": restart}
+
+    assert attempts.record_failure(tmp_path, record("rank 1 crashed"))
+    assert not attempts.record_failure(tmp_path, record("rank 0: Connection closed by peer"))
+    assert json.loads((tmp_path / FAILURE).read_text())["error"] == "rank 1 crashed"
+    assert attempts.record_failure(tmp_path, record("hang: rank 2 on node3"), replace=True)
+    assert json.loads((tmp_path / FAILURE).read_text())["error"] == "hang: rank 2 on node3"
+    # The next attempt's first record replaces the last attempt's.
+    assert attempts.record_failure(tmp_path, record("again", restart=1))
+    assert json.loads((tmp_path / FAILURE).read_text())["restart_count"] == 1
