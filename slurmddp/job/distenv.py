@@ -142,7 +142,7 @@ def _from_local(env: Mapping[str, str], port: int | None) -> DistEnv:
 def select_device(env: Mapping[str, str], local_rank: int) -> int | None:
     """Which of the task's visible GPUs this rank drives.
 
-    Slurm 22.05 hands every task of a `--gpus-per-node` job all the node's GPUs
+    Slurm hands every task of a `--gpus-per-node` job all the node's GPUs
     (CUDA_VISIBLE_DEVICES=0,1 on each), so the rank takes the one at its local rank; with
     `--gpus-per-task` each task sees only its own (CUDA_VISIBLE_DEVICES=0 on one, 1 on the other,
     renumbered from 0 by CUDA), so the rank takes the first.
@@ -150,7 +150,7 @@ def select_device(env: Mapping[str, str], local_rank: int) -> int | None:
     visible = [d for d in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
     if not visible:
         return None
-    if env.get("SLURM_GPUS_PER_TASK"):
+    if gpus_per_task(env):
         return 0
     if local_rank >= len(visible):
         raise DistEnvError(
@@ -158,6 +158,16 @@ def select_device(env: Mapping[str, str], local_rank: int) -> int | None:
             f"{env.get('CUDA_VISIBLE_DEVICES')}; ask for one GPU per rank (resources.gpus_per_node)"
         )
     return local_rank
+
+
+def gpus_per_task(env: Mapping[str, str]) -> bool:
+    """Whether the job asked for GPUs per task (`--gpus-per-task`). Slurm 22.05 says so in
+    SLURM_GPUS_PER_TASK; 24.11 leaves that unset in the tasks and gives SLURM_TRES_PER_TASK
+    ("cpu=2,gres/gpu=1", seen on 24.11.5) instead."""
+    if env.get("SLURM_GPUS_PER_TASK"):
+        return True
+    tres = (part.strip() for part in env.get("SLURM_TRES_PER_TASK", "").split(","))
+    return any(part.startswith(("gres/gpu=", "gres/gpu:")) for part in tres)
 
 
 def rank_env(dist: DistEnv) -> dict[str, str]:

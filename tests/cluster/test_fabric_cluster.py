@@ -96,7 +96,9 @@ def test_doctor_reports_the_lab_settings(slurm_env: dict[str, str], tmp_path: Pa
     lines = proc.stdout.splitlines()
     assert lines[0] == f"slurmddp doctor: Slurm {real['SLURM_VERSION']}, cluster {real['ClusterName']}"
     expected = {
-        "preempt_send_user_signal": f"SlurmctldParameters={real['SlurmctldParameters']}",
+        # Slurm 23.02 moved it to PreemptParameters (the 24.11 lab sets that one); doctor shows both.
+        "preempt_send_user_signal": f"SlurmctldParameters={real['SlurmctldParameters']}"
+        + (f" PreemptParameters={real['PreemptParameters']}" if "PreemptParameters" in real else ""),
         "PreemptMode/PreemptType": f"PreemptType={real['PreemptType']} PreemptMode={real['PreemptMode']}",
         "JobRequeue": real["JobRequeue"],
         "MaxArraySize": real["MaxArraySize"],

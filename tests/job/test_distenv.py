@@ -70,9 +70,13 @@ def test_gpus_per_node_every_task_sees_all() -> None:
 
 
 def test_gpus_per_task_each_task_sees_one() -> None:
-    for local, visible in ((0, "0"), (1, "1")):
-        env = slurm(local, local, 0, CUDA_VISIBLE_DEVICES=visible, SLURM_GPUS_PER_TASK="1")
-        assert distenv.from_environment(env).device_index == 0
+    # Slurm 22.05 sets SLURM_GPUS_PER_TASK in the tasks; 24.11 only SLURM_TRES_PER_TASK.
+    for per_task in ({"SLURM_GPUS_PER_TASK": "1"}, {"SLURM_TRES_PER_TASK": "cpu=2,gres/gpu=1"}):
+        for local, visible in ((0, "0"), (1, "1")):
+            env = slurm(local, local, 0, CUDA_VISIBLE_DEVICES=visible, **per_task)
+            assert distenv.from_environment(env).device_index == 0
+    assert distenv.gpus_per_task({"SLURM_TRES_PER_TASK": "gres/gpu:a100=1"})
+    assert not distenv.gpus_per_task({"SLURM_TRES_PER_TASK": "cpu=2"})
 
 
 def test_more_ranks_than_gpus_is_an_error() -> None:

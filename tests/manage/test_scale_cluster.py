@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import statistics
 import subprocess
 from collections.abc import Iterator
@@ -95,9 +96,10 @@ def test_weak_scaling_agrees_with_the_jobs_own_step_records(
 @pytest.fixture
 def slow_node3(slurm_env: dict[str, str]) -> Iterator[str]:
     """Both directions of node3's link limited to 100 Mbit/s: the bridge side of its veth and
-    its own eth0, inside the lab's namespace."""
-    devices = [["tc"], ["nsenter", "--net=/run/netns/slurmddp-node3", "tc"]]
-    names = ["slurmddp-n3", "eth0"]
+    its own eth0, inside the lab's namespace (the 24.11 lab's names differ: tests/slurm_lab/trixie.sh)."""
+    prefix = "slurmddp24-" if os.environ.get("SLURMDDP_LAB_SLURM", "22.05") == "24.11" else "slurmddp-"
+    devices = [["tc"], ["nsenter", f"--net=/run/netns/{prefix}node3", "tc"]]
+    names = [f"{prefix}n3", "eth0"]
     for tc, dev in zip(devices, names, strict=True):
         subprocess.run(
             [
