@@ -261,7 +261,7 @@ class RunContext:
             total_steps = epochs * feed.steps_per_epoch
         elif epochs is not None:
             raise SlurmddpError("ctx.loop takes total_steps or epochs=, not both")
-        limit = self.config.telemetry.max_steps
+        limit = self._telemetry_settings().max_steps
         if limit is not None:
             total_steps = min(total_steps, int(limit))
         accumulate = int(self.config.ddp.accumulate)
@@ -300,6 +300,13 @@ class RunContext:
         )
         return self.active_loop
 
+    def _telemetry_settings(self) -> Any:
+        """config.telemetry, or its defaults for a run submitted before the section existed and
+        requeued onto this version."""
+        from slurmddp.experiment.schema import Telemetry as Settings
+
+        return self.config.get("telemetry") or Settings()
+
     def _telemetry(self, feed: Feed | None) -> Telemetry | None:
         import os
 
@@ -307,7 +314,7 @@ class RunContext:
 
         from slurmddp.job.telemetry import Telemetry, transport
 
-        settings = self.config.telemetry
+        settings = self._telemetry_settings()
         if not settings.enabled:
             return None
         backend = str(tdist.get_backend())
