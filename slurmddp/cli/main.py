@@ -157,7 +157,7 @@ def _scale(args: argparse.Namespace) -> int:
         else [],
         cluster_nodes=cluster,
     )
-    return study.submit(args.experiment, args.overrides, planned, sys.argv, sys.stdout, args.wait)
+    return study.submit(loaded, planned, sys.argv, sys.stdout, args.wait)
 
 
 def _manage_parsers() -> dict[str, argparse.ArgumentParser]:

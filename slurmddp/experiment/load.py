@@ -16,6 +16,7 @@ import os
 import re
 import shlex
 import typing
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -139,10 +140,15 @@ def expand(loaded: Loaded) -> list[SweepElement]:
             for key, previous in reversed(undo):
                 _restore(base, key, previous)
         name = sweeps.element_dir(index, overrides, len(elements))
-        text = tuple(f"{key}={json.dumps(value)}" for key, value in overrides.items())
+        text = override_texts(overrides)
         element_loaded = Loaded(experiment, resolved, loaded.source, (*loaded.overrides, *text))
         out.append(SweepElement(index, dict(overrides), name, element_loaded))
     return out
+
+
+def override_texts(overrides: Mapping[str, Any]) -> tuple[str, ...]:
+    """{full.key: value} -> the KEY=VALUE texts of a command line that set the same values."""
+    return tuple(f"{key}={json.dumps(value)}" for key, value in overrides.items())
 
 
 _ABSENT = object()

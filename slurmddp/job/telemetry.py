@@ -23,13 +23,14 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from slurmddp.layout import PERF
 
 BARRIERS = 10
 """Timed barriers at the start of each attempt (after one untimed, which sets up connections)."""
-# One rank's figures as gathered: sums since the last record and since warm-up, then its own.
+# The sums of a stretch of steps each rank keeps, in the order `_Gathered` reads them back.
 _SUMS = ("steps", "step_s", "data_s", "comm_s", "exposed_s", "buckets")
 _TIMER = "_slurmddp_comm_timer"
 """The attribute of a DDP module that holds the CommTimer its hook reports to."""
@@ -159,6 +160,28 @@ def attach(modules: Sequence[Any], timer: CommTimer) -> bool:
     return measured
 
 
+@dataclass(frozen=True)
+class _Gathered:
+    """One rank's row of the all-gather (`Telemetry._gather` lays it out)."""
+
+    window: dict[str, float]
+    """The sums since the last record."""
+    total: dict[str, float]
+    """The sums since warm-up."""
+    barrier_s: float
+    peak: float
+
+    @classmethod
+    def of(cls, row: Sequence[float]) -> _Gathered:
+        n = len(_SUMS)
+        return cls(
+            dict(zip(_SUMS, row[:n], strict=True)),
+            dict(zip(_SUMS, row[n : 2 * n], strict=True)),
+            row[2 * n],
+            row[2 * n + 1],
+        )
+
+
 class Telemetry:
     """One rank's measurements, the exchange of them, and rank 0's records."""
 
@@ -239,8 +262,8 @@ class Telemetry:
         if self.rank != 0:
             return
         self._record(step, gathered)
-        totals = [dict(zip(_SUMS, row[len(_SUMS) : 2 * len(_SUMS)], strict=True)) for row in gathered]
-        figures = self._figures(totals, [row[2 * len(_SUMS) + 1] for row in gathered])
+        totals = [r.total for r in gathered]
+        figures = self._figures(totals, [r.peak for r in gathered])
         if not figures:
             return
         steps = int(min(t["steps"] for t in totals))
@@ -255,7 +278,7 @@ class Telemetry:
             ),
             "buckets": round(totals[0]["buckets"] / totals[0]["steps"]),
             "bucket_bytes": list(self.timer.bucket_bytes),
-            "barrier_s": max(row[2 * len(_SUMS)] for row in gathered),
+            "barrier_s": max(r.barrier_s for r in gathered),
             "backend": self.backend,
             "transport": self.transport,
             "comm_measured": self.comm_measured,
@@ -263,10 +286,9 @@ class Telemetry:
             "samples_per_step": self.samples_per_step,
         }
 
-    def _record(self, step: int, gathered: Sequence[Sequence[float]]) -> None:
+    def _record(self, step: int, gathered: Sequence[_Gathered]) -> None:
         """Rank 0: log the figures of the steps since the last record as `perf/...` metrics."""
-        window = [dict(zip(_SUMS, row[: len(_SUMS)], strict=True)) for row in gathered]
-        figures = self._figures(window, [row[2 * len(_SUMS) + 1] for row in gathered])
+        figures = self._figures([r.window for r in gathered], [r.peak for r in gathered])
         peaks = figures.pop("peak_mem_bytes", None)
         if peaks:
             figures["peak_mem_gb"] = round(max(peaks) / 1e9, 3)
@@ -301,7 +323,7 @@ class Telemetry:
             "peak_mem_bytes": [int(p) for p in peaks] if self.device.type == "cuda" else None,
         }
 
-    def _gather(self) -> list[list[float]]:
+    def _gather(self) -> list[_Gathered]:
         import torch
         import torch.distributed as tdist
 
@@ -310,7 +332,7 @@ class Telemetry:
         local = torch.tensor(mine, dtype=torch.float64, device=self.device)
         rows = [torch.empty_like(local) for _ in range(self.world_size)]
         tdist.all_gather(rows, local)
-        return [row.tolist() for row in rows]
+        return [_Gathered.of(row.tolist()) for row in rows]
 
 
 def barrier_latency(device: Any) -> float:

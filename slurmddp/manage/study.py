@@ -8,14 +8,13 @@ one at a time, no element shares the nodes or the fabric with another.
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any, TextIO
 
 from slurmddp.cluster import slurm
 from slurmddp.errors import EXIT_JOB_FAILED, ConfigError, SlurmddpError
-from slurmddp.experiment.load import Loaded, load_experiment
+from slurmddp.experiment.load import Loaded, load_experiment, override_texts
 from slurmddp.experiment.study import Element, Study
 from slurmddp.files import write_atomic, write_json
 from slurmddp.layout import PREFLIGHT, RESULT, STUDY_CSV, STUDY_PNG, SWEEP, new_run_dir
@@ -25,14 +24,13 @@ from slurmddp.submit import submitter
 from slurmddp.submit.planner import plan_for, resolve_executor
 
 
-def submit(
-    source: Path, overrides: list[str], study: Study, argv: list[str], out: TextIO, wait: bool | None
-) -> int:
-    """Submit every element (all or none), then, when waiting, follow them and print the report."""
-    base = load_experiment(source, overrides)
+def submit(base: Loaded, study: Study, argv: list[str], out: TextIO, wait: bool | None) -> int:
+    """Submit every element of `study` of the experiment `base` (all or none), then, when waiting,
+    follow them and print the report."""
+    source, overrides = base.source, list(base.overrides)
     if base.sweep is not None:
         raise ConfigError(f"{source}: scale measures one experiment; drop its sweep: section (sweep=null)")
-    loaded = [load_experiment(source, [*overrides, *dotlist(e.overrides)]) for e in study.elements]
+    loaded = [load_experiment(source, [*overrides, *override_texts(e.overrides)]) for e in study.elements]
     executor = resolve_executor(base.experiment.executor)
     study_dir = new_run_dir(base.experiment.output_dir, base.experiment.name)
     if executor == "slurm":
@@ -86,7 +84,7 @@ def _submit_chain(
     try:
         for element in study.elements:
             after = [f"resources.sbatch.dependency=afterany:{submitted[-1]}"] if submitted else []
-            one: Loaded = load_experiment(source, [*overrides, *dotlist(element.overrides), *after])
+            one: Loaded = load_experiment(source, [*overrides, *override_texts(element.overrides), *after])
             sub = submitter.submit(
                 plan_for(one, executor="slurm", run_dir=study_dir / dir_name(element)), one, argv
             )
@@ -99,13 +97,6 @@ def _submit_chain(
         submitter.discard(study_dir, created)
         raise
     return submitted[0]
-
-
-def dotlist(overrides: dict[str, Any]) -> list[str]:
-    """{key: value} -> ["key=value", ...] as the command line gives overrides."""
-    return [
-        f"{key}={json.dumps(value) if isinstance(value, str) else value}" for key, value in overrides.items()
-    ]
 
 
 def dir_name(element: Element) -> str:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -20,6 +19,7 @@ import torch.multiprocessing as mp
 from conftest import SYNTHETIC, only_run
 from torch import nn
 
+from slurmddp.job.mpi import free_port
 from slurmddp.job.telemetry import CommTimer, attach, busy_time, exposed_time, transport
 
 RANKS = 3
@@ -209,12 +209,6 @@ def ddp_worker(rank: int, port: int, out: str) -> None:
     torch.save(report, Path(out) / f"rank-{rank}.pt")
     tdist.barrier()
     tdist.destroy_process_group()
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 @pytest.fixture(scope="module")

@@ -3,20 +3,13 @@ the device's."""
 
 from __future__ import annotations
 
-import socket
-
 import pytest
 
+from slurmddp.job.mpi import free_port
 from slurmddp.job.telemetry import CommTimer, Telemetry, attach
 
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def test_cuda_events_time_each_bucket_and_the_peak_is_the_devices() -> None:
