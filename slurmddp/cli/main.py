@@ -183,10 +183,23 @@ def _manage_parsers() -> dict[str, argparse.ArgumentParser]:
     _index_arg(cancel)
     cancel.set_defaults(func=_cancel)
     resubmit = argparse.ArgumentParser(
-        prog="slurmddp resubmit", description="Submit a sweep's failed elements again (they resume)."
+        prog="slurmddp resubmit",
+        description="Submit a run that ended without completing again, or a sweep's failed elements "
+        "(--failed); they resume from their latest checkpoints with fresh budgets.",
+        epilog="A single run takes overrides of where it runs and how it is kept going: "
+        "resources.time=04:00:00, resources.partition=long, resources.nodes=1, ... With another "
+        "number of ranks the global batch and the order of samples stay (ctx.loader), and "
+        "ddp.accumulate grows so that each rank's micro-batch is no larger than before.",
     )
     _run_arg(resubmit)
-    resubmit.add_argument("--failed", action="store_true", required=True, help="the elements that failed")
+    resubmit.add_argument("--failed", action="store_true", help="a sweep's elements that failed")
+    resubmit.add_argument(
+        "--wait",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="follow the run to its end and exit with its status (default: only for local runs)",
+    )
+    resubmit.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="e.g. resources.nodes=1")
     resubmit.set_defaults(func=_resubmit)
     listing = argparse.ArgumentParser(prog="slurmddp list", description="List recent runs and sweeps.")
     listing.add_argument("-n", "--limit", type=_positive_int, default=20, help="how many (default 20)")
@@ -333,9 +346,33 @@ def _cancel(args: argparse.Namespace) -> int:
 
 
 def _resubmit(args: argparse.Namespace) -> int:
-    job_id, indices = actions.resubmit_failed(args.run, sys.argv)
-    print(f"slurmddp: resubmitted elements {', '.join(map(str, indices))} as job {job_id}")
-    return 0
+    target = runs.resolve(args.run)
+    if target.kind == "sweep":
+        if not args.failed:
+            raise SlurmddpError(
+                f"{target.dir} is a sweep: `resubmit --failed` submits its failed elements again"
+            )
+        if args.overrides:
+            raise SlurmddpError(
+                f"resubmit --failed takes no overrides ({args.overrides[0]!r}): a sweep's elements go "
+                "again as they were; resubmit an element's directory on its own to change it"
+            )
+        job_id, indices = actions.resubmit_failed(str(target.dir), sys.argv)
+        print(f"slurmddp: resubmitted elements {', '.join(map(str, indices))} as job {job_id}")
+        return 0
+    done = actions.resubmit_run(str(target.dir), args.overrides, sys.argv)
+    for note in done.notes:
+        print(f"slurmddp: {note}")
+    sub = done.submission
+    index.remember(sub.plan.run_dir, "run", sub.plan.job_name, sub.job_id)
+    changed = f" (changed: {', '.join(done.changed)})" if done.changed else ""
+    ranks = sub.plan.world_size
+    print(f"slurmddp: resubmitted {sub.plan.executor} job {sub.job_id} ({ranks} ranks){changed}")
+    print(f"  run dir: {sub.plan.run_dir} (resumes from its latest checkpoint)")
+    wait = args.wait if args.wait is not None else sub.plan.executor == "local"
+    if not wait:
+        return 0
+    return 0 if follow(sub, sys.stdout) == FINAL_OK else EXIT_JOB_FAILED
 
 
 def _list(args: argparse.Namespace) -> int:

@@ -161,14 +161,35 @@ class TrainLoop:
         if info is None:
             return
         shared, local = self.store.load(info)
-        self._check_settings(shared.get("loop"), info)
+        resized = info.world_size != self.store.world_size
+        self._check_settings(shared.get("loop"), info, resized)
         self._apply(shared)
-        restore_rng_state(local["rng"])
+        if "rng" in local:
+            restore_rng_state(local["rng"])
         self._resumed = info
         self.step = self._saved_step = self.first_step = info.step
         if self.rank == 0:
             _drop_metrics_from(self.run_dir / METRICS, info.step)
             print(f"slurmddp: resumed from {info.path} at step {info.step}", flush=True)
+            if resized:
+                self._say_resized(info)
+
+    def _say_resized(self, info: CheckpointInfo) -> None:
+        data = (
+            "the global batch and the order of samples are kept (ctx.loader)"
+            if self.data is not None
+            else "the data is your own loader's (ctx.loop(data=ctx.loader(...)) keeps the order of samples)"
+        )
+        fresh = (
+            f"; ranks {info.world_size} and up keep the random streams they were seeded with"
+            if self.store.world_size > info.world_size
+            else ""
+        )
+        print(
+            f"slurmddp: the checkpoint was written by {info.world_size} ranks, this job has "
+            f"{self.store.world_size}: model, optimizer and step carry over; {data}{fresh}",
+            flush=True,
+        )
 
     def _apply(self, shared: Mapping[str, Any]) -> None:
         for name, obj in self.objects.items():
@@ -185,10 +206,17 @@ class TrainLoop:
         self.extra.clear()
         self.extra.update(shared.get("extra", {}))
 
-    def _check_settings(self, saved: Any, info: CheckpointInfo) -> None:
+    def _check_settings(self, saved: Any, info: CheckpointInfo, resized: bool) -> None:
         if saved is None or saved == self.settings:
             return
-        changed = sorted(key for key in {*saved, *self.settings} if saved.get(key) != self.settings.get(key))
+        # Another number of ranks splits each global batch into other micro-batches: the same
+        # training, summed in another order (resubmit adjusts ddp.accumulate to keep the memory).
+        loose = {"accumulate"} if resized else set()
+        changed = sorted(
+            key for key in {*saved, *self.settings} - loose if saved.get(key) != self.settings.get(key)
+        )
+        if not changed:
+            return
         shown = "; ".join(f"{k}: {saved.get(k)} then, {self.settings.get(k)} now" for k in changed)
         raise CheckpointError(
             f"{info.path} was saved with other training settings ({shown}): resuming would not continue "
@@ -354,6 +382,8 @@ class TrainLoop:
                 "epochs": self.epochs,
                 "time": time.time(),
                 "last_save_s": round(self.last_save_s, 3),
+                # What a resubmit onto another number of ranks must split (ctx.loader's).
+                "global_batch": self.settings.get("global_batch"),
             }
             write_json(self.run_dir / PROGRESS, {**record, **self.attempt})
 

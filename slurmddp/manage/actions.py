@@ -8,14 +8,17 @@ import json
 import os
 import signal
 import time
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from slurmddp import yamlio
-from slurmddp.cluster import slurm
+from slurmddp.cluster import hostlist, slurm
 from slurmddp.defaults import STOP_SIGNAL, RequeueReason
 from slurmddp.errors import SlurmddpError
 from slurmddp.experiment.load import Loaded, SweepElement, load_experiment
+from slurmddp.experiment.resubmit import accumulate_for, check_changes
 from slurmddp.files import write_json
 from slurmddp.job import attempts
 from slurmddp.layout import CONFIG, INTERRUPT, PROGRESS
@@ -134,10 +137,91 @@ def resubmit_failed(ref: str, argv: list[str]) -> tuple[str, list[int]]:
     return job_id, indices
 
 
-def _saved(run_dir: Path, manifest: dict[str, Any]) -> Loaded:
-    """The experiment as it was submitted, from the config.yaml saved in `run_dir`: the experiment
-    file may have changed since. Its profile is already merged in."""
-    loaded = load_experiment(run_dir / CONFIG, ["profile=null"])
+@dataclass(frozen=True)
+class Resubmitted:
+    submission: submitter.Submission
+    changed: list[str]
+    """The config keys the resubmission changed (ddp.accumulate and resources.exclude included
+    when it set them itself)."""
+    notes: list[str]
+
+
+def resubmit_run(ref: str, overrides: list[str], argv: list[str]) -> Resubmitted:
+    """Submit a single run that ended without completing again, in its own directory, with
+    `overrides` (more time, another partition, another size); it resumes from its latest
+    checkpoint with fresh budgets. With another number of ranks, ddp.accumulate is set so that each
+    rank's micro-batch is no larger than before, and the hosts the run left out stay left out."""
+    target = runs.resolve(ref)
+    if target.kind != "run":
+        raise SlurmddpError(
+            f"{target.dir} is a sweep: `resubmit --failed` submits its failed elements again "
+            "(without overrides); a single run takes overrides"
+        )
+    element = target.elements[0]
+    known = slurm.job_states([element.job_id]) if target.executor == "slurm" and element.job_id else {}
+    state = runs.element_state(target, element, known)
+    if state in runs.ACTIVE_STATES:
+        raise SlurmddpError(
+            f"job {element.job_id} of {target.dir} is {state}: cancel it first "
+            f"(python -m slurmddp cancel {target.dir}) or let it end, then resubmit"
+        )
+    if state == "COMPLETED":
+        raise SlurmddpError(f"{target.dir} completed: there is nothing to resume")
+    before = _saved(target.dir, target.manifest)
+    after = _saved(target.dir, target.manifest, overrides)
+    notes = []
+    ranks = (before.experiment.resources.world_size, after.experiment.resources.world_size)
+    if ranks[0] != ranks[1] and "ddp.accumulate" not in check_changes(before.resolved, after.resolved):
+        accumulate = before.experiment.ddp.accumulate
+        wanted = accumulate_for(accumulate, *ranks, _global_batch(target.dir))
+        if wanted != accumulate:
+            overrides = [*overrides, f"ddp.accumulate={wanted}"]
+            notes.append(
+                f"{ranks[0]} ranks -> {ranks[1]}: ddp.accumulate {accumulate} -> {wanted}, so that each "
+                "rank's micro-batch is no larger than before (the global batch stays; set "
+                "ddp.accumulate=N to choose)"
+            )
+    left_out = attempts.excluded(target.dir)
+    if left_out:
+        user = after.experiment.resources.exclude
+        hosts = sorted({*left_out, *(hostlist.expand(user) if user else [])})
+        overrides = [*overrides, f"resources.exclude={','.join(hosts)}"]
+        notes += [f"leaves out {host}: {why['reason']}" for host, why in left_out.items()]
+    after = _saved(target.dir, target.manifest, overrides)
+    changed = check_changes(before.resolved, after.resolved)
+    plan = plan_for(
+        after, executor=target.executor, run_dir=target.dir, workdir=Path(target.manifest["workdir"])
+    )
+    if plan.executor == "slurm":
+        submitter.check_schedulable(plan)
+    previous = attempts.final_end(attempts.read_attempts(target.dir))
+    attempts.mark(
+        target.dir,
+        {"event": "resubmit", "time": time.time(), "argv": argv, "changed": changed, "ranks": list(ranks)},
+    )
+    try:
+        sub = submitter.resubmit(plan, after, target.manifest, argv)
+    except BaseException:
+        if previous is not None:
+            # The run reads as it did: ended, with the same reason.
+            attempts.mark(target.dir, {**previous, "time": time.time()})
+        raise
+    return Resubmitted(sub, changed, notes)
+
+
+def _global_batch(run_dir: Path) -> int | None:
+    """The global batch the run's loop recorded (ctx.loader's), if it recorded one."""
+    try:
+        value = json.loads((run_dir / PROGRESS).read_text()).get("global_batch")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return value if isinstance(value, int) and value > 0 else None
+
+
+def _saved(run_dir: Path, manifest: dict[str, Any], overrides: Sequence[str] = ()) -> Loaded:
+    """The experiment as it was submitted, from the config.yaml saved in `run_dir` (the experiment
+    file may have changed since), with `overrides`. Its profile is already merged in."""
+    loaded = load_experiment(run_dir / CONFIG, ["profile=null", *overrides])
     # Relative entrypoints are looked up from the experiment's own directory, as at submit time.
     return dataclasses.replace(loaded, source=Path(manifest["experiment"]))
 

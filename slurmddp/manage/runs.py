@@ -119,7 +119,9 @@ def load(path: Path) -> Target:
         return _load_sweep(path.parent)
     if (path / MANIFEST).is_file():
         manifest = _read_json(path / MANIFEST)
-        element = Run(None, path, {}, (str(manifest["job_id"]),), Path(manifest["logs"]))
+        # A resubmitted run has had a job per submission, the current one last.
+        jobs = (*map(str, manifest.get("previous_jobs", [])), str(manifest["job_id"]))
+        element = Run(None, path, {}, jobs, Path(manifest["logs"]))
         return Target("run", path, manifest, (element,))
     raise SlurmddpError(f"{path} is not a slurmddp run or sweep directory (no {MANIFEST} or {SWEEP})")
 
@@ -184,11 +186,12 @@ def element_state(target: Target, element: Run, states: dict[str, JobState]) -> 
 def _local_state(element: Run) -> RunState:
     if (element.dir / RESULT).is_file():
         return "COMPLETED"
-    if (element.dir / FAILURE).is_file():
-        return "FAILED"
     job = element.job_id
+    # Before the failure record: a resubmitted run runs again beside its last attempt's.
     if job is not None and job.isdigit() and Path(f"/proc/{job}").exists():
         return "RUNNING"
+    if (element.dir / FAILURE).is_file():
+        return "FAILED"
     return "UNKNOWN" if job is None else "FAILED"
 
 

@@ -130,6 +130,38 @@ def submit(plan: SubmissionPlan, loaded: Loaded, argv: list[str]) -> Submission:
     return Submission(plan=plan, job=job, manifest=manifest)
 
 
+def resubmit(plan: SubmissionPlan, loaded: Loaded, manifest: dict[str, Any], argv: list[str]) -> Submission:
+    """Submit a run again in its own directory (it resumes from its checkpoints) with the config
+    `loaded`, which replaces config.yaml. A refusal puts the old config back and removes nothing:
+    the directory holds the run's checkpoints."""
+    config = plan.run_dir / CONFIG
+    before = config.read_text()
+    write_atomic(config, yamlio.dump(loaded.resolved))
+    try:
+        executor = _executor(plan)
+        with contextlib.redirect_stderr(io.StringIO()), no_group_write():
+            job = executor.submit(Rank(plan.rank))
+    except BaseException as exc:
+        write_atomic(config, before)
+        if isinstance(exc, FailedJobError):
+            said = str(exc)
+            raise SubmitError(
+                f"sbatch refused the job; nothing was submitted. sbatch said:\n{said}{_hint(said)}"
+            ) from None
+        raise
+    previous = [*manifest.get("previous_jobs", []), str(manifest["job_id"])]
+    updated = {
+        **manifest,
+        "job_id": str(job.job_id),
+        "previous_jobs": previous,
+        "world_size": plan.world_size,
+        "resubmitted_at": dt.datetime.now().isoformat(timespec="seconds"),
+        "resubmit_argv": argv,
+    }
+    write_json(plan.run_dir / MANIFEST, updated)
+    return Submission(plan=plan, job=job, manifest=updated)
+
+
 def check_array_size(count: int, limit: int | None) -> None:
     """Refuse a sweep larger than the cluster's MaxArraySize, before anything is submitted."""
     if limit is not None and count > limit:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import json
 import logging
 import multiprocessing
 import os
@@ -131,7 +132,7 @@ def test_only_complete_checkpoints_count(tmp_path: Path, caplog: pytest.LogCaptu
     assert "step-00000002" in caplog.text and "no completion marker from rank 1" in caplog.text
 
 
-def test_latest_skips_missing_marker_truncated_file_and_wrong_world_size(
+def test_latest_skips_a_missing_marker_and_a_truncated_file(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     for step in (1, 2, 3, 4):
@@ -146,10 +147,33 @@ def test_latest_skips_missing_marker_truncated_file_and_wrong_world_size(
     assert f"{tmp_path / step_dir_name(4)}: no completion marker from rank 1" in caplog.text
     assert f"{tmp_path / step_dir_name(3)}: shared.pt has" in caplog.text and "truncated" in caplog.text
 
-    caplog.clear()
-    with caplog.at_level(logging.WARNING):
-        assert CheckpointStore(tmp_path, 0, 4).latest() is None
-    assert "written by 2 ranks; this job has 4" in caplog.text
+
+def test_a_checkpoint_of_another_size_resumes_with_the_shared_state_and_the_ranks_that_were(
+    tmp_path: Path,
+) -> None:
+    save_all(tmp_path, 1, 3, value=1.0)
+    save_all(tmp_path, 2, 3, value=2.0)
+    # Rank 2 of the 3-rank job never finished step 3: it is not complete for the 3 that wrote it.
+    for rank in (1, 0):
+        CheckpointStore(tmp_path, rank, 3, attempt="a").save(
+            3, {"v": torch.tensor([3.0])} if rank == 0 else None, {"rank": rank}
+        )
+    for size in (2, 4):
+        stores = [CheckpointStore(tmp_path, r, size) for r in range(size)]
+        infos = [store.latest() for store in stores]
+        assert {(i.step, i.world_size) for i in infos if i is not None} == {(2, 3)}
+        loaded = [store.load(info) for store, info in zip(stores, infos, strict=True) if info is not None]
+        assert [float(shared["v"]) for shared, _ in loaded] == [2.0] * size
+        # Rank r takes what rank r saved; a rank the 3-rank job did not have starts empty.
+        assert [local.get("rank") for _, local in loaded] == [r if r < 3 else None for r in range(size)]
+
+    # The 2-rank job saves step 2 again (a stop before its first step): the 3-rank checkpoint
+    # stays whole; its first step of its own replaces nothing.
+    CheckpointStore(tmp_path, 0, 2, attempt="b").save(2, {"v": torch.tensor([9.0])}, {"rank": 0})
+    assert json.loads((tmp_path / step_dir_name(2) / META_FILE).read_text())["world_size"] == 3
+    save_all(tmp_path, 4, 2, attempt="b", value=4.0)
+    info = CheckpointStore(tmp_path, 1, 2).latest()
+    assert info is not None and (info.step, info.world_size) == (4, 2)
 
 
 def test_missing_meta_and_mixed_attempts_do_not_count(
@@ -205,10 +229,10 @@ def test_keep_last_k_and_what_prune_may_delete(tmp_path: Path) -> None:
         step_dir_name(7),
     ]
 
-    # A complete checkpoint of another world size is not ours to delete.
-    save_all(tmp_path, 2, 1)
+    # A complete checkpoint of another world size (before a resize) counts as a kept one.
+    save_all(tmp_path, 8, 1)
     store.prune()
-    assert (tmp_path / step_dir_name(2)).exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == [step_dir_name(6), step_dir_name(8)]
 
 
 def test_a_step_left_half_written_by_a_dead_attempt_is_replaced(tmp_path: Path) -> None:

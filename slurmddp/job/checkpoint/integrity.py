@@ -30,17 +30,20 @@ def marker_name(rank: int) -> str:
     return f"rank-{rank:05d}.done"
 
 
-def checkpoint_problems(path: Path, step: int, world_size: int, *, check_crc: bool) -> list[str]:
-    """Why `path` is not a complete checkpoint of `world_size` ranks (empty: it is complete)."""
+def checkpoint_problems(path: Path, step: int, world_size: int | None, *, check_crc: bool) -> list[str]:
+    """Why `path` is not a complete checkpoint of `world_size` ranks (empty: it is complete); with
+    `world_size` None, of the ranks its meta.json says wrote it."""
     meta = read_json(path / META_FILE)
     if meta is None:
         return ["meta.json is missing (rank 0 did not finish)"]
-    if not isinstance(meta, dict) or not isinstance(meta.get("world_size"), int):
+    if not isinstance(meta, dict) or not isinstance(meta.get("world_size"), int) or meta["world_size"] < 1:
         return ["meta.json is unreadable or malformed"]
     if meta.get("format") != FORMAT:
         return [f"meta.json has format {meta.get('format')!r}; this version reads format {FORMAT}"]
     if meta.get("step") != step:
         return [f"meta.json is for step {meta.get('step')}, not {step}"]
+    if world_size is None:
+        world_size = int(meta["world_size"])
     if meta["world_size"] != world_size:
         return [f"written by {meta['world_size']} ranks; this job has {world_size}"]
     problems: list[str] = []
@@ -85,14 +88,6 @@ def file_problem(path: Path, name: str, recorded: Any, *, check_crc: bool) -> st
         if crc != recorded["crc32"]:
             return f"{name} has CRC32 {crc}, its marker says {recorded['crc32']} (corrupt)"
     return None
-
-
-def is_foreign_complete(path: Path, step: int) -> bool:
-    """A complete checkpoint of another world size (prune leaves those alone)."""
-    meta = read_json(path / META_FILE)
-    if not isinstance(meta, dict) or not isinstance(meta.get("world_size"), int) or meta["world_size"] < 1:
-        return False
-    return not checkpoint_problems(path, step, meta["world_size"], check_crc=False)
 
 
 def read_json(path: Path) -> Any:

@@ -26,7 +26,6 @@ from slurmddp.job.checkpoint.integrity import (
     STEP_DIR_RE,
     checkpoint_problems,
     file_problem,
-    is_foreign_complete,
     marker_name,
     marker_problems,
     rank_file_name,
@@ -116,9 +115,9 @@ class CheckpointStore:
         every tensor to CPU memory (so training may modify the originals right after return), and
         returns; a background thread writes.
 
-        If a complete checkpoint of this world size already exists at `step` from another attempt,
-        it is kept and this save writes nothing: replacing it would leave no complete checkpoint at
-        that step while the new files are written.
+        If a complete checkpoint already exists at `step` from another attempt (of any number of
+        ranks), it is kept and this save writes nothing: replacing it would leave no complete
+        checkpoint at that step while the new files are written.
         """
         if type(step) is not int or step < 0:
             raise CheckpointError(f"step must be an int >= 0, got {step!r}")
@@ -229,7 +228,7 @@ class CheckpointStore:
             if isinstance(mine, dict) and mine.get("attempt") == self.attempt:
                 return marker_problems(path, self.rank, mine, self.attempt, check_crc=False) != []
             return True
-        problems = checkpoint_problems(path, step, self.world_size, check_crc=False)
+        problems = checkpoint_problems(path, step, None, check_crc=False)
         if not problems:
             log.info(
                 "%s is already complete (attempt %s); it is kept, not rewritten", path, meta.get("attempt")
@@ -242,19 +241,20 @@ class CheckpointStore:
     # -- finding and reading ----------------------------------------------------------------------
 
     def latest(self, *, verify_checksums: bool = False) -> CheckpointInfo | None:
-        """The newest COMPLETE checkpoint for this world size; incomplete or corrupt ones are skipped
-        with a logging warning naming the directory and what is wrong.
+        """The newest COMPLETE checkpoint, whatever number of ranks wrote it (a run resubmitted
+        onto another size resumes from it: see load()); incomplete or corrupt ones are skipped with
+        a logging warning naming the directory and what is wrong.
 
         Sizes are checked always; with `verify_checksums` every file of every rank is read and its
         CRC32 checked too (the same answer on every rank, at the cost of reading everything)."""
         for step, path in self._step_dirs():
-            problems = checkpoint_problems(path, step, self.world_size, check_crc=verify_checksums)
+            problems = checkpoint_problems(path, step, None, check_crc=verify_checksums)
             if problems:
                 log.warning("skipping checkpoint %s: %s", path, "; ".join(problems))
                 continue
             meta = cast(dict[str, Any], read_json(path / META_FILE))
             return CheckpointInfo(
-                step=step, path=path, world_size=self.world_size, written_at=float(meta["time"])
+                step=step, path=path, world_size=int(meta["world_size"]), written_at=float(meta["time"])
             )
         return None
 
@@ -263,23 +263,25 @@ class CheckpointStore:
     ) -> tuple[dict[str, Any], dict[str, Any]]:
         """(shared, local-of-this-rank) of checkpoint `info`.
 
-        The two files are checked against their markers first (size, and CRC32 unless
+        Written by another number of ranks, rank r gets the local state rank r saved, and an empty
+        one where there was no rank r: what ranks hold alone (their RNG streams) cannot be split or
+        merged across sizes, while the shared state (model, optimizer, data position) is whole.
+
+        The files are checked against their markers first (size, and CRC32 unless
         `verify_checksums` is False), so a file damaged after latest() raises CheckpointError
         instead of loading wrong values."""
-        if info.world_size != self.world_size:
-            raise CheckpointError(
-                f"{info.path} was written by {info.world_size} ranks; this job has {self.world_size}"
-            )
         shared_marker = read_json(info.path / marker_name(0))
-        own_marker = read_json(info.path / marker_name(self.rank))
-        wanted = [(SHARED_FILE, shared_marker), (rank_file_name(self.rank), own_marker)]
+        wanted = [(SHARED_FILE, shared_marker)]
+        if self.rank < info.world_size:
+            wanted.append((rank_file_name(self.rank), read_json(info.path / marker_name(self.rank))))
         for name, marker in wanted:
             if not isinstance(marker, dict) or not isinstance(marker.get("files"), dict):
                 raise CheckpointError(f"{info.path}: the marker describing {name} is missing or unreadable")
             problem = file_problem(info.path, name, marker["files"].get(name), check_crc=verify_checksums)
             if problem is not None:
                 raise CheckpointError(f"{info.path}: {problem}; load an older checkpoint or delete this one")
-        return _load_dict(info.path / SHARED_FILE), _load_dict(info.path / rank_file_name(self.rank))
+        local = _load_dict(info.path / rank_file_name(self.rank)) if self.rank < info.world_size else {}
+        return _load_dict(info.path / SHARED_FILE), local
 
     # -- deleting -------------------------------------------------------------------------------
 
@@ -288,19 +290,19 @@ class CheckpointStore:
         delete incomplete ones OLDER than the newest complete one. Never deletes anything newer than
         the newest complete checkpoint (it may be in the middle of being written by another rank).
 
-        Complete checkpoints written by a different number of ranks are left alone."""
+        Complete checkpoints written by another number of ranks (before a resubmit resized the
+        run) count like this size's own."""
         if self.rank != 0 or not self.root.is_dir():
             return
         for leftover in self.root.glob(f"{_DELETING_PREFIX}*"):
             shutil.rmtree(leftover, ignore_errors=True)
         kept = 0
         for step, path in self._step_dirs():
-            problems = checkpoint_problems(path, step, self.world_size, check_crc=False)
-            if not problems:
+            if not checkpoint_problems(path, step, None, check_crc=False):
                 kept += 1
                 if kept > self.keep_last:
                     _delete_dir(path)
-            elif kept > 0 and not is_foreign_complete(path, step):
+            elif kept > 0:
                 _delete_dir(path)
 
     def _step_dirs(self) -> Iterator[tuple[int, Path]]:
