@@ -48,6 +48,13 @@ def run_rank(spec: RankSpec) -> Any:
     """Run one rank of the job described by `spec` in the current task."""
     # Back to our flag first: submitit's runner put its own handlers in just before calling us.
     signals.install(spec.stop_signals)
+    if spec.executor == "local":
+        # Slurm's batch script asks attempts.begin before starting the ranks; submitit's local
+        # controller starts them again after every stop, a cancel's included.
+        final = attempts.final_end(attempts.read_attempts(Path(spec.run_dir)))
+        if final is not None:
+            print(f"slurmddp: this run already ended ({final['message']}); not starting again", flush=True)
+            return {"not_started": final["message"]}
     if mpi.choose(spec.dist.launcher, os.environ) == "mpi":
         dist = mpi.from_mpi({**os.environ, **spec.env}, port=spec.dist.port)
     else:

@@ -25,7 +25,9 @@ from submitit.core.utils import pickle_load
 
 from slurmddp.cluster import slurm
 from slurmddp.cluster.slurm import JobState
+from slurmddp.job.attempts import final_end, read_attempts
 from slurmddp.layout import METRICS, PERF, PROGRESS
+from slurmddp.manage.runs import FINAL_STATES
 from slurmddp.submit.submitter import Submission
 
 # The one end state that counts as success (sacct's spelling); every other end state fails `--wait`.
@@ -52,6 +54,10 @@ def follow(sub: Submission, out: TextIO, poll_s: float = 1.0) -> JobState:
     else:
         _watch(sub, _PlainLines(out), poll_s, started)
     final = slurm.final_state(sub.job_id) if sub.plan.executor == "slurm" else "UNKNOWN"
+    ended = final_end(read_attempts(sub.plan.run_dir))
+    if final == "UNKNOWN" and ended is not None:
+        # A cancelled local run's ranks end cleanly, and their results say success.
+        final = FINAL_STATES.get(ended["reason"], "FAILED")
     if final == "UNKNOWN":
         final = _from_results(sub)
     out.write(f"slurmddp: job {sub.job_id} ended {final} ({time.monotonic() - started:.0f}s)\n")

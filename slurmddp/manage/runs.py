@@ -17,7 +17,7 @@ from slurmddp.cluster import slurm
 from slurmddp.cluster.slurm import JobState
 from slurmddp.defaults import EndReason, RunExecutor, RunKind
 from slurmddp.errors import SlurmddpError
-from slurmddp.job.attempts import excluded, final_end, read_attempts
+from slurmddp.job.attempts import current, excluded, final_end, read_attempts
 from slurmddp.layout import FAILURE, MANIFEST, METRICS, PERF, PROGRESS, RESULT, SWEEP
 from slurmddp.manage import accounting, index
 
@@ -254,12 +254,20 @@ def rows(target: Target, with_usage: bool = True) -> list[Row]:
                 cpu_hours=None if used is None else used.cpu_hours,
                 gpu_hours=None if used is None else used.gpu_hours,
                 lost_hours=None if used is None else used.lost_hours,
-                last_end=next((r.get("message") for r in reversed(records) if r["event"] == "end"), None),
+                # Since the last resubmit: what ended the run before it is history.
+                last_end=next(
+                    (r.get("message") for r in reversed(current(records)) if r["event"] == "end"), None
+                ),
                 excluded={host: str(why["reason"]) for host, why in excluded(element.dir).items()},
                 throughput=_pace(perf),
             )
         )
     return out
+
+
+def _last_end(records: list[dict[str, Any]]) -> str | None:
+    """How the last attempt since the last resubmit ended: what ended the run before is history."""
+    return next((r.get("message") for r in reversed(current(records)) if r["event"] == "end"), None)
 
 
 def _pace(perf: dict[str, float]) -> str | None:

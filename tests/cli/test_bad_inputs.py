@@ -198,9 +198,12 @@ COMMAND_CASES = [
     Case("logs:index-on-a-run", ("logs", RUN, "--index", "3"), "--index"),
     Case("cancel:missing-run-dir", ("cancel", "{tmp}/no-such-run"), "no-such-run"),
     Case("cancel:index-not-a-number", ("cancel", RUN, "--index", "x"), "--index"),
-    Case("resubmit:without-failed", ("resubmit", RUN), "--failed"),
     Case("resubmit:missing-run-dir", ("resubmit", "{tmp}/no-such-run", "--failed"), "no-such-run"),
-    Case("resubmit:a-single-run", ("resubmit", RUN, "--failed"), "single run"),
+    Case("resubmit:changes-training", ("resubmit", RUN, "train.lr=0.5"), "train.lr"),
+    Case("resubmit:bare-key-changes-training", ("resubmit", RUN, "lr=0.5"), "train.lr"),
+    Case("resubmit:changes-output-dir", ("resubmit", RUN, "output_dir={tmp}/elsewhere"), "output_dir"),
+    Case("resubmit:bad-override", ("resubmit", RUN, "resources.nodes=0"), "resources.nodes"),
+    Case("resubmit:unknown-key", ("resubmit", RUN, "bogus.key=1"), "bogus.key"),
     Case("list:limit-not-a-number", ("list", "-n", "abc"), "--limit"),
     Case("list:limit-zero", ("list", "-n", "0"), "--limit"),
     Case("results:missing-run-dir", ("results", "{tmp}/no-such-run"), "no-such-run"),
@@ -292,8 +295,16 @@ def prepare(tmp: Path) -> dict[str, str]:
     (tmp / "a-file").write_text("not a directory\n")
     run = tmp / "run"
     (run / "logs").mkdir(parents=True)
-    manifest = {"executor": "slurm", "job_id": "4242", "logs": str(run / "logs"), "world_size": 1}
+    manifest = {
+        "executor": "slurm",
+        "job_id": "4242",
+        "logs": str(run / "logs"),
+        "world_size": 1,
+        "experiment": str(tmp / "exp.yaml"),
+        "workdir": str(tmp),
+    }
     (run / "manifest.json").write_text(json.dumps(manifest))
+    (run / "config.yaml").write_text(EXPERIMENT)
     (run / "metrics.jsonl").write_text('{"step": 1, "loss": 0.5}\n')
     bin_dir = tmp / "bin"
     bin_dir.mkdir()
