@@ -45,3 +45,13 @@ def assert_every_sample_once_per_epoch(run: Path, global_batch: int, epochs: int
         steps = range(epoch * steps_per_epoch, (epoch + 1) * steps_per_epoch)
         seen = Counter(i for step in steps for i in per_step[step])
         assert len(seen) == steps_per_epoch * global_batch and max(seen.values()) == 1, f"epoch {epoch}"
+
+
+def global_batches(run: Path) -> dict[int, list[int]]:
+    """step -> the sorted sample indices all ranks trained on at that step (train.record_samples)."""
+    batches: dict[int, list[int]] = defaultdict(list)
+    for path in (run / "samples").glob("rank-*.jsonl"):
+        for line in path.read_text().splitlines():
+            record = json.loads(line)
+            batches[record["step"]].extend(record["index"])
+    return {step: sorted(indices) for step, indices in batches.items()}

@@ -12,7 +12,6 @@ import random
 import signal
 import subprocess
 import time
-from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -20,7 +19,13 @@ from typing import Any
 import numpy as np
 import pytest
 from conftest import QUICKSTART, local_rank_pids, only_run, slurmddp, wait_for_job
-from quickstart_runs import TRAIN_SAMPLES, assert_every_sample_once_per_epoch, result, validation_history
+from quickstart_runs import (
+    TRAIN_SAMPLES,
+    assert_every_sample_once_per_epoch,
+    global_batches,
+    result,
+    validation_history,
+)
 
 pytestmark = pytest.mark.slurm
 
@@ -103,16 +108,6 @@ def wait_for(what: str, check: Callable[[], bool], run: Path, timeout: float = 2
 def resumed_steps(run: Path) -> list[int]:
     log = "".join(p.read_text() for p in sorted((run / "logs").glob("*_0_log.out")))
     return [int(line.rsplit(" ", 1)[1]) for line in log.splitlines() if "slurmddp: resumed from" in line]
-
-
-def global_batches(run: Path) -> dict[int, list[int]]:
-    """step -> the sorted sample indices all ranks trained on at that step (train.record_samples)."""
-    batches: dict[int, list[int]] = defaultdict(list)
-    for path in (run / "samples").glob("rank-*.jsonl"):
-        for line in path.read_text().splitlines():
-            record = json.loads(line)
-            batches[record["step"]].extend(record["index"])
-    return {step: sorted(indices) for step, indices in batches.items()}
 
 
 def metric_records(run: Path) -> list[dict[str, Any]]:

@@ -1,0 +1,104 @@
+"""`resubmit RUN resources.nodes=1` on the real lab: a 2-node quickstart stopped for good after its
+first attempt continues on 1 node in its own directory, on the same samples in the same steps, to
+the parameters of the uninterrupted 2-node run within float64 rounding."""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import QUICKSTART, only_run, slurmddp, wait_for_job
+from quickstart_runs import (
+    TRAIN_SAMPLES,
+    assert_every_sample_once_per_epoch,
+    global_batches,
+    validation_history,
+)
+
+pytestmark = pytest.mark.slurm
+
+EPOCHS = 6
+GLOBAL_BATCH = 64
+SETTINGS = (
+    "profile=lab",
+    "resources.nodes=2",
+    "resources.tasks_per_node=1",
+    f"train.global_batch={GLOBAL_BATCH}",
+    f"train.epochs={EPOCHS}",
+    "train.dropout=0",  # a sample's dropout mask depends on which rank draws it
+    "train.dtype=float64",
+    "train.record_samples=true",
+    "requeue.max_preemptions=0",  # the first stop ends the run: only a resubmit brings it back
+)
+TIMEOUT_S = 400
+
+
+def submit(env: dict[str, str], out: Path) -> tuple[Path, str]:
+    out.parent.mkdir(parents=True)
+    proc = slurmddp(env, out.parent, "submit", str(QUICKSTART), *SETTINGS, f"output_dir={out}", timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    run = only_run(out)
+    return run, str(json.loads((run / "manifest.json").read_text())["job_id"])
+
+
+def last_step(run: Path) -> int:
+    try:
+        lines = (run / "samples" / "rank-0.jsonl").read_text().splitlines()
+        return max(int(json.loads(line)["step"]) for line in lines[-2:] if line.endswith("}"))
+    except (OSError, ValueError, KeyError):
+        return -1
+
+
+def test_a_two_node_run_stopped_for_good_resumes_on_one_node_on_the_same_samples(
+    slurm_env: dict[str, str], tmp_path: Path
+) -> None:
+    reference, reference_job = submit(slurm_env, tmp_path / "reference" / "runs")
+    run, job = submit(slurm_env, tmp_path / "resized" / "runs")
+    steps_per_epoch = TRAIN_SAMPLES // GLOBAL_BATCH
+    threshold = random.randrange(5, 2 * steps_per_epoch)
+    deadline = time.monotonic() + TIMEOUT_S
+    while last_step(run) < threshold:
+        assert time.monotonic() < deadline, f"no step {threshold}"
+        time.sleep(0.2)
+    stopped = slurmddp(slurm_env, tmp_path, "interrupt", str(run), "--preempt")
+    assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+    wait_for_job(job, slurm_env, timeout=TIMEOUT_S)
+    status = json.loads(slurmddp(slurm_env, tmp_path, "status", str(run), "--json").stdout)["elements"][0]
+    assert status["state"] == "PREEMPTED" and "budget spent" in status["last_end"], status
+    stop_step = json.loads((run / "stop.json").read_text())["step"]
+    assert threshold <= stop_step < EPOCHS * steps_per_epoch
+
+    again = slurmddp(slurm_env, tmp_path, "resubmit", str(run), "resources.nodes=1")
+    said = again.stdout + again.stderr
+    assert again.returncode == 0, said
+    assert "2 ranks -> 1: ddp.accumulate 1 -> 2" in said, said
+    new_job = str(json.loads((run / "manifest.json").read_text())["job_id"])
+    assert new_job != job and f"resubmitted slurm job {new_job} (1 ranks)" in said, said
+    assert wait_for_job(new_job, slurm_env, timeout=TIMEOUT_S) == "COMPLETED"
+    assert wait_for_job(reference_job, slurm_env, timeout=TIMEOUT_S) == "COMPLETED"
+
+    log = "".join(p.read_text() for p in sorted((run / "logs").glob(f"{new_job}_0_log.out")))
+    assert f"at step {stop_step}" in log and "the checkpoint was written by 2 ranks, this job has 1" in log
+    # Counted: every step's global batch is the uninterrupted run's; each rank trained each of its
+    # steps once; node2's rank stopped at the stop.
+    assert global_batches(run) == global_batches(reference)
+    assert_every_sample_once_per_epoch(run, GLOBAL_BATCH, EPOCHS)
+    rank1 = (run / "samples" / "rank-1.jsonl").read_text().splitlines()
+    assert json.loads(rank1[-1])["step"] == stop_step - 1
+    resized, uninterrupted = (torch.load(r / "final_model.pt") for r in (run, reference))
+    for name, tensor in uninterrupted.items():
+        torch.testing.assert_close(resized[name], tensor, rtol=0, atol=1e-9)
+    worst = max(float((resized[n] - t).abs().max()) for n, t in uninterrupted.items())
+    print(f"stopped at step {stop_step}, resumed on fewer ranks; largest parameter difference {worst:.3g}")
+    history, ref_history = validation_history(run), validation_history(reference)
+    assert [s for s, _, _ in history] == [s for s, _, _ in ref_history]
+    assert abs(history[-1][2] - ref_history[-1][2]) < 1e-9, (history[-1], ref_history[-1])
+
+    status = json.loads(slurmddp(slurm_env, tmp_path, "status", str(run), "--json").stdout)["elements"][0]
+    assert status["state"] == "COMPLETED", status
+    # The hours count both jobs' allocations: the first attempt's 2 nodes and the second's 1.
+    assert status["cpu_hours"] > 0 and status["job_id"] == new_job
