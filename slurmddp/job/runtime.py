@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import importlib
 import importlib.util
@@ -12,6 +13,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -24,13 +26,13 @@ from slurmddp.defaults import LOCAL_REQUEUE_STATUS
 from slurmddp.errors import DistEnvError, EntrypointFailed, SlurmddpError
 from slurmddp.experiment.entrypoint import is_file_target
 from slurmddp.files import write_json
-from slurmddp.job import attempts, distenv, mpi, preflight, provenance, rendezvous, signals
+from slurmddp.job import attempts, distenv, mpi, preflight, provenance, rendezvous, scriptrun, signals
 from slurmddp.job.context import RunContext
 from slurmddp.job.distenv import DistEnv
-from slurmddp.job.loop import StopForRequeue
+from slurmddp.job.loop import PROGRESS_EVERY_S, StopForRequeue
 from slurmddp.job.spec import RankSpec
 from slurmddp.job.watchdog import Watchdog
-from slurmddp.layout import NCCL_TRACE, RESULT, STOP
+from slurmddp.layout import NCCL_TRACE, PROGRESS, RESULT, STOP
 
 DEVICE_FAULTS = (
     "uncorrectable ECC error",
@@ -308,6 +310,38 @@ def check_port_free(port: int) -> None:
         probe.close()
 
 
+def _script_env(spec: RankSpec, dist: DistEnv, steps: str) -> dict[str, str]:
+    env = {"TORCHELASTIC_USE_AGENT_STORE": "True", scriptrun.STEP_FILE_ENV: steps}
+    if spec.dist.hang_timeout_s != 0:
+        watch = {**dataclasses.asdict(dist), "hang_timeout_s": spec.dist.hang_timeout_s}
+        env[scriptrun.WATCH_ENV] = json.dumps(watch)
+    return env
+
+
+def _wait_for_script(child: subprocess.Popen[bytes], dist: DistEnv, run_dir: Path, steps: Path) -> int:
+    """The script's exit status. A stop signal is passed on as SIGTERM; rank 0 records the steps
+    made as progress, as ctx.loop does for a function."""
+    forwarded = False
+    shown_at = 0.0
+    while True:
+        try:
+            return child.wait(timeout=0.2)
+        except subprocess.TimeoutExpired:
+            if signals.received() is not None and not forwarded:
+                child.send_signal(signal.SIGTERM)
+                forwarded = True
+            if dist.rank == 0 and time.monotonic() - shown_at >= PROGRESS_EVERY_S:
+                shown_at = time.monotonic()
+                step = scriptrun.read_steps(steps)
+                if step is not None:
+                    progress = {"step": step, "job_id": dist.job_id, "restart_count": dist.restart_count}
+                    write_json(run_dir / PROGRESS, {**progress, "time": time.time()})
+
+
+def _after(step: int | None) -> str:
+    return "" if step is None else f" after {step} optimizer steps of this attempt"
+
+
 def _run_script(spec: RankSpec, dist: DistEnv) -> int:
     """Run a torchrun-style script as this rank. A stop signal reaches it as SIGTERM, the signal
     torchrun's agent sends its workers; the script saves its own snapshot and exits, and the job is
@@ -316,23 +350,21 @@ def _run_script(spec: RankSpec, dist: DistEnv) -> int:
     if dist.rank == 0:
         check_port_free(dist.master_port)
     command = spec.command()
-    # This process hosts the store, as torchrun's agent does: it outlives the script (module doc
-    # of job.rendezvous). The script's clients retry until it is up, so torch loads meanwhile.
-    child = subprocess.Popen(command, env={**os.environ, "TORCHELASTIC_USE_AGENT_STORE": "True"})
-    store = rendezvous.open_store(dist, spec.dist.timeout_s)
-    forwarded = False
-    while True:
-        try:
-            code = child.wait(timeout=0.2)
-            break
-        except subprocess.TimeoutExpired:
-            if signals.received() is not None and not forwarded:
-                child.send_signal(signal.SIGTERM)
-                forwarded = True
+    with tempfile.NamedTemporaryFile(prefix="slurmddp-steps-") as steps:
+        # This process hosts the store, as torchrun's agent does: it outlives the script (module
+        # doc of job.rendezvous). The script's clients retry until it is up, so torch loads
+        # meanwhile. job.scriptrun runs the script as python would, counting its optimizer steps.
+        child = subprocess.Popen(
+            [sys.executable, "-m", "slurmddp.job.scriptrun", *command[1:]],
+            env={**os.environ, **_script_env(spec, dist, steps.name)},
+        )
+        store = rendezvous.open_store(dist, spec.dist.timeout_s)
+        code = _wait_for_script(child, dist, Path(spec.run_dir), Path(steps.name))
+        step = scriptrun.read_steps(Path(steps.name))
     stop = signals.received()
     if stop is None and code != 0:
         # Before srun's SIGTERM reaches the other ranks: their stop is no stop request.
-        _record_failure(spec, dist, None, f"{shlex.join(command)} exited with status {code}")
+        _record_failure(spec, dist, step, f"{shlex.join(command)} exited with status {code}{_after(step)}")
         raise EntrypointFailed(f"rank {dist.rank}: {shlex.join(command)} exited with status {code}")
     if stop is not None:
         if dist.rank == 0:

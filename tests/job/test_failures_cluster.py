@@ -50,6 +50,24 @@ def train(ctx: RunContext) -> dict:
     return {"step": 20}
 """
 
+# A plain DDP script whose rank 1 aborts after 3 optimizer steps on every attempt.
+SCRIPT_CRASH_AT_3 = """
+import os
+import torch, torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+dist.init_process_group("gloo")
+model = DistributedDataParallel(torch.nn.Linear(8, 1))
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+for step in range(10):
+    if step == 3 and dist.get_rank() == 1:
+        os.abort()
+    optimizer.zero_grad()
+    model(torch.ones(4, 8)).sum().backward()
+    optimizer.step()
+dist.destroy_process_group()
+"""
+
 # Rank 0 is done first and exits; the others still tear down their process group afterwards.
 RANK0_FIRST = """
 import time
@@ -109,6 +127,26 @@ def test_a_function_rank_that_aborts_at_the_same_step_twice_stops_the_job(
         ("failure", 5, False),
     ], records
     assert "crashed at step 5 twice in a row" in records[-1]["message"]
+
+
+def test_a_script_rank_that_aborts_after_the_same_step_twice_stops_the_job(
+    slurm_env: dict[str, str], tmp_path: Path
+) -> None:
+    """A script has no ctx.loop: its optimizer steps are counted (job.scriptrun)."""
+    (tmp_path / "crash_at_3.py").write_text(SCRIPT_CRASH_AT_3)
+    exp = experiment(tmp_path, "crash_at_3.py", nodes=2, tasks=1)
+    out = tmp_path / "runs"
+    proc = slurmddp(slurm_env, tmp_path, "submit", str(exp), f"output_dir={out}", "--wait")
+    assert proc.returncode != 0, proc.stdout + proc.stderr
+    run = only_run(out)
+    records = ends(run)
+    assert [(r["reason"], r["step"], r["requeue"]) for r in records] == [
+        ("failure", 3, True),
+        ("failure", 3, False),
+    ], records
+    assert "crashed at step 3 twice in a row" in records[-1]["message"]
+    failure = json.loads((run / "failure.json").read_text())
+    assert failure["rank"] == 1 and "after 3 optimizer steps of this attempt" in failure["error"], failure
 
 
 @pytest.mark.parametrize(("nodes", "tasks"), [(1, 2), (2, 1)])

@@ -1,0 +1,99 @@
+"""Runs a torchrun-style script (or `-m module`) as `python script.py` would, counting its steps.
+
+    python -m slurmddp.job.scriptrun SCRIPT ARGS...      # as python SCRIPT ARGS...
+    python -m slurmddp.job.scriptrun -m MODULE ARGS...   # as python -m MODULE ARGS...
+
+A script has no ctx.loop, but every trainer built on PyTorch (plain loops, Lightning, accelerate)
+steps a torch.optim optimizer: a global optimizer-step hook counts the steps of this attempt. The
+count goes to the file STEP_FILE_ENV names (8 bytes written in place, no fsync: the rank's own
+process reads it on the same node), from which the rank records where the attempt crashed (a crash
+after the same number of steps twice in a row stops the job) and rank 0 shows progress. The hang
+watchdog (job/watchdog.py) runs in this process, so its stacks are the script's own; it is fed by
+the steps and by every batch a DataLoader hands out (an evaluation makes no optimizer step).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import runpy
+import sys
+from pathlib import Path
+from typing import Any
+
+STEP_FILE_ENV = "SLURMDDP_STEP_FILE"
+WATCH_ENV = "SLURMDDP_WATCH"
+"""JSON of the rank's DistEnv and `hang_timeout_s`; absent: no watchdog (dist.hang_timeout_s=0)."""
+
+
+class Steps:
+    """The optimizer steps of this attempt, written where the rank's process reads them."""
+
+    def __init__(self, path: str | None, watchdog: Any) -> None:
+        self.count = 0
+        self._fd = os.open(path, os.O_WRONLY) if path else None
+        self._watchdog = watchdog
+
+    def step(self, *_: Any) -> None:
+        self.count += 1
+        if self._fd is not None:
+            os.pwrite(self._fd, self.count.to_bytes(8, "little"), 0)
+        if self._watchdog is not None:
+            self._watchdog.at(self.count)
+
+
+def read_steps(path: Path) -> int | None:
+    """The count a script's Steps wrote, None before its first step."""
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return None
+    return int.from_bytes(data[:8], "little") if len(data) >= 8 else None
+
+
+def _watchdog() -> Any:
+    watch = os.environ.get(WATCH_ENV)
+    if not watch:
+        return None
+    from slurmddp.job.distenv import DistEnv
+    from slurmddp.job.watchdog import Watchdog
+
+    fields = json.loads(watch)
+    timeout = fields.pop("hang_timeout_s")
+    return Watchdog(Path(os.environ["SLURMDDP_RUN_DIR"]), DistEnv(**fields), timeout)
+
+
+def _beat_on_batches(watchdog: Any) -> None:
+    """Every DataLoader batch (of any loader, in any loop) is progress to the watchdog."""
+    from torch.utils.data import dataloader
+
+    original = dataloader._BaseDataLoaderIter.__next__
+
+    def beating(self: Any) -> Any:
+        watchdog.beat()
+        return original(self)
+
+    dataloader._BaseDataLoaderIter.__next__ = beating  # type: ignore[method-assign]
+
+
+def main(argv: list[str]) -> None:
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+
+    watchdog = _watchdog()
+    steps = Steps(os.environ.get(STEP_FILE_ENV), watchdog)
+    register_optimizer_step_post_hook(steps.step)
+    if watchdog is not None:
+        _beat_on_batches(watchdog)
+    if argv[0] == "-m":
+        # `python -m` leaves the working directory first on sys.path, as this process has it.
+        sys.argv = [argv[1], *argv[2:]]
+        runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
+    else:
+        # `python script.py` puts the script's directory first on sys.path.
+        sys.argv = list(argv)
+        sys.path[0] = str(Path(argv[0]).resolve().parent)
+        runpy.run_path(argv[0], run_name="__main__")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

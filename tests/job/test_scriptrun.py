@@ -1,0 +1,123 @@
+"""job.scriptrun: a torchrun-style script runs as `python script.py` would, its optimizer steps are
+counted, and a rank of it that hangs is caught by the watchdog with the script's own stack."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from conftest import only_run
+
+from slurmddp.job.scriptrun import STEP_FILE_ENV, read_steps
+
+# Five optimizer steps, one skipped by a GradScaler that found an inf (no step is made then), and
+# what `python script.py` / `python -m` would show it.
+STEPPING = """
+import json, sys
+import torch
+
+model = torch.nn.Linear(2, 1)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+scaler = torch.amp.GradScaler("cpu", enabled=True)
+for step in range(6):
+    optimizer.zero_grad()
+    loss = model(torch.ones(1, 2)).sum() * (float("inf") if step == 2 else 1.0)
+    scaler.scale(loss).backward()
+    scaler.step(optimizer)
+    scaler.update()
+print(json.dumps({"name": __name__, "argv": sys.argv, "path0": sys.path[0]}))
+"""
+
+# Rank 1 stops making progress at its fourth step (outside any collective); the others wait for
+# it in DDP's all-reduce.
+HANGING = """
+import time
+import torch, torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+dist.init_process_group("gloo")
+model = DistributedDataParallel(torch.nn.Linear(8, 1))
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+for step in range(20):
+    while step == 3 and dist.get_rank() == 1:
+        time.sleep(0.1)  # the blocking line
+    optimizer.zero_grad()
+    model(torch.ones(4, 8)).sum().backward()
+    optimizer.step()
+"""
+
+
+def run_wrapped(tmp_path: Path, *args: str) -> tuple[dict[str, object], int | None]:
+    steps = tmp_path / "steps"
+    steps.write_bytes(b"")
+    proc = subprocess.run(
+        [sys.executable, "-m", "slurmddp.job.scriptrun", *args],
+        cwd=tmp_path,
+        env={**os.environ, STEP_FILE_ENV: str(steps)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout.splitlines()[-1]), read_steps(steps)
+
+
+def test_a_script_runs_as_python_runs_it_and_its_optimizer_steps_are_counted(tmp_path: Path) -> None:
+    code = tmp_path / "code"
+    (code / "pkg").mkdir(parents=True)
+    (code / "train.py").write_text(STEPPING)
+    (code / "pkg" / "__init__.py").write_text("")
+    (code / "pkg" / "__main__.py").write_text(STEPPING)
+
+    shown, steps = run_wrapped(tmp_path, str(code / "train.py"), "--lr", "a b")
+    assert shown == {"name": "__main__", "argv": [str(code / "train.py"), "--lr", "a b"], "path0": str(code)}
+    assert steps == 5
+
+    # -m runs from the working directory, first on sys.path, as `python -m` does.
+    shown, steps = run_wrapped(code, "-m", "pkg", "--n", "7")
+    assert shown["name"] == "__main__" and shown["argv"] == [str(code / "pkg" / "__main__.py"), "--n", "7"]
+    assert shown["path0"] == str(code) and steps == 5
+
+
+def test_no_step_reads_as_none(tmp_path: Path) -> None:
+    (tmp_path / "empty").write_bytes(b"")
+    assert read_steps(tmp_path / "empty") is None
+    assert read_steps(tmp_path / "missing") is None
+
+
+def test_a_script_rank_that_hangs_is_named_with_its_blocking_line(tmp_path: Path) -> None:
+    (tmp_path / "hanging.py").write_text(HANGING)
+    exp = tmp_path / "exp.yaml"
+    exp.write_text("entrypoint: hanging.py\nresources: {tasks_per_node: 3}\ndist: {hang_timeout_s: 10}\n")
+    started = time.monotonic()
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "slurmddp",
+            "submit",
+            str(exp),
+            "executor=local",
+            f"output_dir={tmp_path / 'runs'}",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    took = time.monotonic() - started
+    assert proc.returncode != 0, proc.stdout + proc.stderr
+    run = only_run(tmp_path / "runs")
+    (hang,) = (run / "hangs").iterdir()
+    summary = json.loads((hang / "summary.json").read_text())
+    line = next(n for n, text in enumerate(HANGING.splitlines(), 1) if "the blocking line" in text)
+    assert "hung at step 3: rank 1 on" in summary["cause"], summary
+    assert f"hanging.py:{line} in <module>) did not arrive" in summary["cause"], summary
+    assert f'hanging.py", line {line}' in (hang / "rank_1.stacks.txt").read_text()
+    failure = json.loads((run / "failure.json").read_text())
+    assert failure["error"].startswith("hang: hung at step 3"), failure
+    print(f"the hang was caught and the run ended {took:.0f} s after submitting")
