@@ -426,6 +426,19 @@ def main(argv: list[str]) -> int:
     return 2
 
 
+def run_dir_of(folder: Path, env: Mapping[str, str]) -> Path | None:
+    """The run directory of the job whose submitit folder is `folder` (RUN_DIR/logs, or a sweep's
+    SWEEP_DIR/logs, where the array task's own element is looked up by its job id); None when it
+    cannot be told (a submission whose job id is not recorded yet)."""
+    parent = folder.parent
+    if (parent / SWEEP).is_file():
+        manifest = json.loads((parent / SWEEP).read_text())
+        job = env.get("SLURM_ARRAY_JOB_ID") or env.get("SLURM_JOB_ID")
+        numbers = [n for n, s in enumerate(manifest["submissions"]) if str(s.get("job_id")) == job]
+        return element_dir(parent, numbers[0], env) if numbers else None
+    return parent if (parent / CONFIG).is_file() else None
+
+
 def element_dir(sweep_dir: Path, submission: int, env: Mapping[str, str]) -> Path:
     """The run directory of the element this array task runs (a one-element submission is a
     plain job, without SLURM_ARRAY_TASK_ID)."""

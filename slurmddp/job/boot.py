@@ -12,6 +12,8 @@ from __future__ import annotations
 import os
 import runpy
 import sys
+import time
+from pathlib import Path
 
 from slurmddp.defaults import ALWAYS_STOP_ON, STOP_SIGNAL, STOP_SIGNALS_ENV
 from slurmddp.errors import UntrustedPickle
@@ -39,11 +41,33 @@ def main(argv: list[str]) -> None:
 
 
 def _check_pickle(args: list[str]) -> None:
-    """Refuse, before it is unpickled, a job that another user could have written."""
+    """Refuse, before it is unpickled, a job that another user could have written; the attempt
+    is recorded as a failure not to retry (a requeued job would be refused again)."""
+    folder = trust.runner_folder(args)
     try:
-        trust.check_submitted(trust.runner_folder(args), os.environ)
+        trust.check_submitted(folder, os.environ)
     except UntrustedPickle as exc:
+        _record_refusal(folder, str(exc))
         raise SystemExit(f"slurmddp: {exc}") from None
+
+
+def _record_refusal(folder: str, error: str) -> None:
+    # Only on this path: the attempt record's imports are not worth their time at every start.
+    from slurmddp.job import attempts
+
+    run_dir = attempts.run_dir_of(Path(folder), os.environ)
+    if run_dir is None:
+        return
+    record = {
+        "step": None,
+        "rank": int(os.environ.get("SLURM_PROCID") or 0),
+        "error": error,
+        "retry": False,
+        "job_id": os.environ.get("SLURM_JOB_ID", ""),
+        "restart_count": int(os.environ.get("SLURM_RESTART_COUNT") or 0),
+        "time": time.time(),
+    }
+    attempts.record_failure(run_dir, record)
 
 
 if __name__ == "__main__":

@@ -267,3 +267,36 @@ def test_the_first_failure_record_of_an_attempt_stands_unless_replaced(tmp_path:
     # The next attempt's first record replaces the last attempt's.
     assert attempts.record_failure(tmp_path, record("again", restart=1))
     assert json.loads((tmp_path / FAILURE).read_text())["restart_count"] == 1
+
+
+def test_the_run_dir_of_a_refused_pickle_is_the_run_or_the_array_tasks_element(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    (run / "logs").mkdir(parents=True)
+    assert attempts.run_dir_of(run / "logs", ENV) is None  # not a run directory (yet)
+    (run / "config.yaml").write_text("{}\n")
+    assert attempts.run_dir_of(run / "logs", ENV) == run
+
+    sweep = tmp_path / "sweep"
+    (sweep / "logs").mkdir(parents=True)
+    (sweep / "config.yaml").write_text("{}\n")
+    manifest = {
+        "elements": [{"index": i, "dir": f"{i}-x"} for i in range(3)],
+        # The first array of all three, then element 2 again as a one-element (plain) job.
+        "submissions": [{"elements": [0, 1, 2], "job_id": "50"}, {"elements": [2], "job_id": "60"}],
+    }
+    (sweep / "sweep.json").write_text(json.dumps(manifest))
+    task = {"SLURM_ARRAY_JOB_ID": "50", "SLURM_ARRAY_TASK_ID": "1", "SLURM_JOB_ID": "51"}
+    assert attempts.run_dir_of(sweep / "logs", task) == sweep / "1-x"
+    assert attempts.run_dir_of(sweep / "logs", {"SLURM_JOB_ID": "60"}) == sweep / "2-x"
+    assert attempts.run_dir_of(sweep / "logs", {"SLURM_JOB_ID": "70"}) is None
+
+
+def test_a_refusal_not_to_retry_is_final_whatever_the_budget(tmp_path: Path) -> None:
+    path = run_dir(tmp_path, max_failures=3)
+    assert attempts.begin(path, ENV, now=1000.0) == 0
+    record = {"step": None, "error": "refusing to unpickle the job X", "retry": False, "time": 1.0}
+    attempts.record_failure(path, {**record, "job_id": "77", "restart_count": 0})
+    attempts.end(path, 1, ENV, now=1001.0, preempt_time=lambda job: None, time_left=lambda job: 60.0)
+    (last,) = ends(path)
+    assert (last["reason"], last["requeue"], last["final"]) == ("failure", False, True)
+    assert last["message"] == "refusing to unpickle the job X: not retrying"

@@ -40,9 +40,8 @@ def test_a_pickle_others_may_write_is_refused_by_every_rank(
         "exp.yaml",
         f"output_dir={out}",
         # Held until this test releases it: the pickle is changed while the job waits in the queue.
+        # The failure budget is left as it is: a refusal is final, since a retry would be refused too.
         "resources.sbatch={hold: true}",
-        # One attempt: each retry would only be refused again.
-        "requeue.max_failures=0",
         timeout=120,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -68,6 +67,7 @@ def test_a_pickle_others_may_write_is_refused_by_every_rank(
     attempts = [json.loads(line) for line in (run / "attempts.jsonl").read_text().splitlines()]
     ends = [record for record in attempts if record["event"] == "end"]
     assert [(end["reason"], end["final"], end["requeue"]) for end in ends] == [("failure", True, False)]
+    assert "refusing to unpickle" in ends[0]["message"] and "not retrying" in ends[0]["message"], ends
     status = slurmddp(env, tmp_path, "status", str(run), "--json", timeout=60)
     assert status.returncode == 0, status.stderr
     assert [row["state"] for row in json.loads(status.stdout)["elements"]] == ["FAILED"]
