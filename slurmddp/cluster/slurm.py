@@ -174,6 +174,54 @@ def partition_nodes(partition: str | None) -> int | None:
     return int(match.group(1)) if match else None
 
 
+# ---- node failures ----
+
+
+def failed_nodes(nodes: Sequence[str], since: float) -> dict[str, str]:
+    """The nodes among `nodes` that went down or failed since `since` (Unix time), each with its
+    state and Slurm's reason. From the accounting's node events (sacctmgr show event), which keep
+    a node that has come back since (ReturnToService); without accounting, the nodes down now."""
+    if not nodes:
+        return {}
+    start = dt.datetime.fromtimestamp(since).strftime("%Y-%m-%dT%H:%M:%S")
+    listed = ",".join(nodes)
+    try:
+        fields = "format=NodeName,TimeStart,State,Reason"
+        proc = run(["sacctmgr", "-n", "-P", "show", "event", f"nodes={listed}", f"start={start}", fields])
+        if proc.returncode == 0:
+            return parse_node_events(proc.stdout, start)
+        proc = run(["sinfo", "-h", "-N", "-n", listed, "-o", "%N|%T|%E"])
+    except SlurmCommandError:
+        return {}
+    return parse_node_states(proc.stdout) if proc.returncode == 0 else {}
+
+
+def _failed(state: str) -> bool:
+    return state.upper().startswith(("DOWN", "FAIL"))
+
+
+def parse_node_events(text: str, since: str) -> dict[str, str]:
+    """`sacctmgr -n -P show event format=NodeName,TimeStart,State,Reason` -> {node: "DOWN: reason"}
+    for the down or failed events that began at or after `since` (the same ISO format)."""
+    found: dict[str, str] = {}
+    for line in text.splitlines():
+        node, started, state, reason = [*line.split("|", 3), "", "", ""][:4]
+        if node and started >= since and _failed(state):
+            found[node] = f"{state}: {reason}" if reason else state
+    return found
+
+
+def parse_node_states(text: str) -> dict[str, str]:
+    """`sinfo -h -N -o "%N|%T|%E"` -> {node: "down*: reason"} for the nodes down or failed now (a
+    node in two partitions is listed twice)."""
+    found: dict[str, str] = {}
+    for line in text.splitlines():
+        node, state, reason = [*line.split("|", 2), "", ""][:3]
+        if node and _failed(state):
+            found[node] = f"{state}: {reason}" if reason and reason != "none" else state
+    return found
+
+
 def version_text() -> str | None:
     """What `scontrol --version` prints (e.g. "slurm 22.05.8"), or None without Slurm."""
     try:

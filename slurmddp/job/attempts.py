@@ -36,6 +36,8 @@ TimeLeft = Callable[[str], float | None]
 """squeue's TimeLeft of a job id in seconds (None: unlimited or unknown); a parameter for tests."""
 PartitionNodes = Callable[[str], int | None]
 """How many nodes a partition has (None: unknown); a parameter for tests."""
+FailedNodes = Callable[[list[str], float], dict[str, str]]
+"""The nodes of a list that went down since a time, with why; a parameter for tests."""
 SLURM_SIGNAL_EARLY_S = 60
 """sbatch --signal: "Slurm may send the signal up to 60 seconds earlier than specified"."""
 SIGNAL_SLACK_S = 30
@@ -87,8 +89,15 @@ def _attempt_id(env: Mapping[str, str]) -> dict[str, Any]:
     return {"job_id": env.get("SLURM_JOB_ID", ""), "restart_count": int(env.get("SLURM_RESTART_COUNT") or 0)}
 
 
-def begin(run_dir: Path, env: Mapping[str, str], now: float) -> int:
-    """Record the start of an attempt (and the silent end of a previous one that was killed)."""
+def begin(
+    run_dir: Path,
+    env: Mapping[str, str],
+    now: float,
+    failed_nodes: FailedNodes = slurm.failed_nodes,
+    partition_nodes: PartitionNodes = slurm.partition_nodes,
+) -> int:
+    """Record the start of an attempt (and the silent end of a previous one that was killed), and
+    leave out the nodes that went down under the previous attempt (Slurm's NODE_FAIL)."""
     records = read_attempts(run_dir)
     final = final_end(records)
     if final is not None:
@@ -112,6 +121,7 @@ def begin(run_dir: Path, env: Mapping[str, str], now: float) -> int:
                 "message": "the batch script was killed before the attempt ended",
             },
         )
+    _leave_out_failed_nodes(run_dir, env, now, failed_nodes, partition_nodes)
     _append(
         run_dir,
         {
@@ -230,6 +240,41 @@ def _cannot_leave_out(
     return (
         f"leaving out {', '.join(sorted(found))} as well as {len(known)} node(s) already would leave "
         f"{left} of partition {partition}'s {total} nodes for a job of {needed}: not retrying"
+    )
+
+
+def _leave_out_failed_nodes(
+    run_dir: Path,
+    env: Mapping[str, str],
+    now: float,
+    failed_nodes: FailedNodes,
+    partition_nodes: PartitionNodes,
+) -> None:
+    """A node that went down under a previous attempt that did not end well (Slurm ends the job
+    NODE_FAIL and requeues it itself; sacct does not say which node) is left out from here on."""
+    era = current(read_attempts(run_dir))
+    begins = [r for r in era if r["event"] == "begin"]
+    ends = [r for r in era if r["event"] == "end"]
+    if not begins or not ends or ends[-1]["reason"] not in ("killed", "failure"):
+        return
+    previous = begins[-1]
+    known = set(excluded(run_dir)) | _user_excluded(run_dir)
+    nodes = [n for n in hostlist.expand(previous.get("nodes") or "") if n not in known]
+    found = failed_nodes(nodes, float(previous["time"])) if nodes else {}
+    if not found:
+        return
+    refused = _cannot_leave_out(run_dir, found, known, env, partition_nodes)
+    if refused:
+        print(
+            f"slurmddp: {', '.join(sorted(found))} went down under the last attempt; {refused}",
+            file=sys.stderr,
+        )
+        return
+    attempt = int(previous["attempt"])
+    reasons = {host: f"went down under attempt {attempt} ({why})" for host, why in found.items()}
+    _leave_out(run_dir, reasons, attempt, now)
+    print(
+        f"slurmddp: leaving out {', '.join(sorted(found))}: went down under the last attempt", file=sys.stderr
     )
 
 

@@ -178,3 +178,27 @@ def test_job_states_asks_sacct_only_for_what_left_the_queue(
     assert slurm.job_states(["40_1"]) == {"40_1": "RUNNING"}
     assert [call[0] for call in calls] == ["squeue"]
     assert slurm.job_states([]) == {}
+
+
+def test_node_events_name_the_nodes_that_went_down_since_the_attempt_began() -> None:
+    # sacctmgr -n -P show event ... format=NodeName,TimeStart,State,Reason (22.05.8, the lab).
+    text = (
+        "|2026-11-23T05:07:30|Unknown||Cluster Registered TRES\n"
+        "node3|2026-11-23T05:31:39|DOWN|slurmddp test\n"
+        "node1|2026-11-23T04:00:00|DOWN|before the attempt\n"
+        "node2|2026-11-23T05:40:00|DRAIN|admin drained it\n"
+        "node4|2026-11-23T05:41:00|FAIL|\n"
+    )
+    assert slurm.parse_node_events(text, "2026-11-23T05:30:00") == {
+        "node3": "DOWN: slurmddp test",
+        "node4": "FAIL",
+    }
+
+
+def test_node_states_name_the_nodes_down_now_once() -> None:
+    # sinfo -h -N -n node[1-3] -o "%N|%T|%E": a node in two partitions is listed twice.
+    text = (
+        "node1|idle|none\nnode1|idle|none\n"
+        "node2|down*|Not responding\nnode2|down*|Not responding\nnode3|drained|x\n"
+    )
+    assert slurm.parse_node_states(text) == {"node2": "down*: Not responding"}

@@ -300,3 +300,31 @@ def test_a_refusal_not_to_retry_is_final_whatever_the_budget(tmp_path: Path) -> 
     (last,) = ends(path)
     assert (last["reason"], last["requeue"], last["final"]) == ("failure", False, True)
     assert last["message"] == "refusing to unpickle the job X: not retrying"
+
+
+def test_a_node_that_went_down_under_a_killed_attempt_is_left_out(tmp_path: Path) -> None:
+    """Slurm ends a job whose node failed NODE_FAIL and requeues it itself: the next attempt's
+    begin finds the node in the accounting's events and leaves it out."""
+    path = run_dir(tmp_path)
+    asked: list[tuple[list[str], float]] = []
+
+    def failed(nodes: list[str], since: float) -> dict[str, str]:
+        asked.append((nodes, since))
+        return {"node2": "DOWN: Not responding"}
+
+    assert attempts.begin(path, ENV, now=1000.0, failed_nodes=failed, partition_nodes=lambda p: 3) == 0
+    # Killed with its node: no end record; the requeued job starts elsewhere.
+    env = {**ENV, "SLURM_RESTART_COUNT": "1", "SLURM_JOB_NODELIST": "node[1,3]"}
+    assert attempts.begin(path, env, now=1100.0, failed_nodes=failed, partition_nodes=lambda p: 3) == 0
+    assert asked == [(["node1", "node2"], 1000.0)]
+    assert attempts.excluded(path)["node2"]["reason"] == "went down under attempt 0 (DOWN: Not responding)"
+    assert [r["reason"] for r in ends(path)] == ["killed"]
+
+
+def test_nodes_are_not_asked_about_after_an_attempt_that_ended_well(tmp_path: Path) -> None:
+    path = run_dir(tmp_path)
+    attempt(path, 0, stop=True, preempt="2026-11-23T05:00:00")
+    asked: list[list[str]] = []
+    env = {**ENV, "SLURM_RESTART_COUNT": "1"}
+    attempts.begin(path, env, now=1100.0, failed_nodes=lambda nodes, since: asked.append(nodes) or {})
+    assert asked == [] and attempts.excluded(path) == {}
