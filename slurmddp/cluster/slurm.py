@@ -179,21 +179,25 @@ def partition_nodes(partition: str | None) -> int | None:
 
 def failed_nodes(nodes: Sequence[str], since: float) -> dict[str, str]:
     """The nodes among `nodes` that went down or failed since `since` (Unix time), each with its
-    state and Slurm's reason. From the accounting's node events (sacctmgr show event), which keep
-    a node that has come back since (ReturnToService); without accounting, the nodes down now."""
+    state and Slurm's reason: those down now (sinfo), and those the accounting's node events
+    (sacctmgr show event) saw go down, which keep a node that has come back since
+    (ReturnToService) but may lag slurmctld by a moment."""
     if not nodes:
         return {}
     start = dt.datetime.fromtimestamp(since).strftime("%Y-%m-%dT%H:%M:%S")
     listed = ",".join(nodes)
+    fields = "format=NodeName,TimeStart,State,Reason"
+    found: dict[str, str] = {}
     try:
-        fields = "format=NodeName,TimeStart,State,Reason"
-        proc = run(["sacctmgr", "-n", "-P", "show", "event", f"nodes={listed}", f"start={start}", fields])
-        if proc.returncode == 0:
-            return parse_node_events(proc.stdout, start)
-        proc = run(["sinfo", "-h", "-N", "-n", listed, "-o", "%N|%T|%E"])
+        events = run(["sacctmgr", "-n", "-P", "show", "event", f"nodes={listed}", f"start={start}", fields])
+        states = run(["sinfo", "-h", "-N", "-n", listed, "-o", "%N|%T|%E"])
     except SlurmCommandError:
-        return {}
-    return parse_node_states(proc.stdout) if proc.returncode == 0 else {}
+        return found
+    if events.returncode == 0:
+        found.update(parse_node_events(events.stdout, start))
+    if states.returncode == 0:
+        found.update(parse_node_states(states.stdout))
+    return found
 
 
 def _failed(state: str) -> bool:

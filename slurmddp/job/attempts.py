@@ -143,6 +143,7 @@ def decide(
     preempt_time: PreemptTime,
     time_left: TimeLeft = slurm.time_left,
     partition_nodes: PartitionNodes = slurm.partition_nodes,
+    failed_nodes: FailedNodes = slurm.failed_nodes,
 ) -> Decision:
     """How this attempt ended and whether the job goes around again."""
     me = _attempt_id(env)
@@ -165,6 +166,12 @@ def decide(
             why = f" ({failure['cause']})"
         known = set(excluded(run_dir)) | _user_excluded(run_dir)
         found = {h: r for h, r in (failure or {}).get("bad_hosts", {}).items() if h not in known}
+        began = [r for r in current(read_attempts(run_dir)) if r["event"] == "begin"]
+        down = _went_down(began[-1], known, failed_nodes) if began else {}
+        if down:
+            # A node failure, not srun ending the ranks after a crash, whatever the ranks saw.
+            why = f" ({'; '.join(f'{host} {text}' for host, text in sorted(down.items()))})"
+            found = {**found, **down}
         if found:
             # Another node next time: neither a broken node's failure nor the same step is final.
             refused = _cannot_leave_out(run_dir, found, known, env, partition_nodes)
@@ -250,32 +257,33 @@ def _leave_out_failed_nodes(
     failed_nodes: FailedNodes,
     partition_nodes: PartitionNodes,
 ) -> None:
-    """A node that went down under a previous attempt that did not end well (Slurm ends the job
-    NODE_FAIL and requeues it itself; sacct does not say which node) is left out from here on."""
+    """A node failure ends the job NODE_FAIL and Slurm requeues it itself: the end of the attempt
+    may not be recorded, or recorded before the accounting had the node's event. Its nodes that
+    went down are left out from here on."""
     era = current(read_attempts(run_dir))
     begins = [r for r in era if r["event"] == "begin"]
     ends = [r for r in era if r["event"] == "end"]
     if not begins or not ends or ends[-1]["reason"] not in ("killed", "failure"):
         return
-    previous = begins[-1]
     known = set(excluded(run_dir)) | _user_excluded(run_dir)
-    nodes = [n for n in hostlist.expand(previous.get("nodes") or "") if n not in known]
-    found = failed_nodes(nodes, float(previous["time"])) if nodes else {}
+    found = _went_down(begins[-1], known, failed_nodes)
     if not found:
         return
+    names = ", ".join(sorted(found))
     refused = _cannot_leave_out(run_dir, found, known, env, partition_nodes)
     if refused:
-        print(
-            f"slurmddp: {', '.join(sorted(found))} went down under the last attempt; {refused}",
-            file=sys.stderr,
-        )
+        print(f"slurmddp: {names} went down under the last attempt; {refused}", file=sys.stderr)
         return
-    attempt = int(previous["attempt"])
-    reasons = {host: f"went down under attempt {attempt} ({why})" for host, why in found.items()}
-    _leave_out(run_dir, reasons, attempt, now)
-    print(
-        f"slurmddp: leaving out {', '.join(sorted(found))}: went down under the last attempt", file=sys.stderr
-    )
+    _leave_out(run_dir, found, int(begins[-1]["attempt"]), now)
+    print(f"slurmddp: leaving out {names}: went down under the last attempt", file=sys.stderr)
+
+
+def _went_down(attempt: Mapping[str, Any], known: set[str], failed_nodes: FailedNodes) -> dict[str, str]:
+    """The nodes of an attempt (its begin record), besides `known`, that went down while it ran
+    (sacct does not say which node of a NODE_FAIL job failed), each with why."""
+    nodes = [n for n in hostlist.expand(attempt.get("nodes") or "") if n not in known]
+    found = failed_nodes(nodes, float(attempt["time"])) if nodes else {}
+    return {host: f"went down under attempt {attempt['attempt']} ({why})" for host, why in found.items()}
 
 
 def end(
@@ -286,6 +294,7 @@ def end(
     preempt_time: PreemptTime,
     time_left: TimeLeft = slurm.time_left,
     partition_nodes: PartitionNodes = slurm.partition_nodes,
+    failed_nodes: FailedNodes = slurm.failed_nodes,
 ) -> int:
     """Record how this attempt ended and requeue it if it goes around again. Rank 0 calls this
     right after a stop; the batch script calls it after srun, and then only repeats the requeue
@@ -302,7 +311,7 @@ def end(
     if last.get("event") == "end" and all(last.get(key) == value for key, value in me.items()):
         decision = Decision(last["reason"], last["step"], last["requeue"], last["message"])
     else:
-        decision = decide(run_dir, status, env, preempt_time, time_left, partition_nodes)
+        decision = decide(run_dir, status, env, preempt_time, time_left, partition_nodes, failed_nodes)
         begins = [r for r in records if r["event"] == "begin"]
         record = {
             "event": "end",
@@ -379,7 +388,7 @@ def _classify(
     if left_at_signal <= lead + SLURM_SIGNAL_EARLY_S + SIGNAL_SLACK_S:
         return "timeout", ""
     return "failure", (
-        f" (SIG{stop.get('signal', '?')} with {left_at_signal:.0f} s of the time limit left and no "
+        f" ({stop.get('signal', 'a stop signal')} with {left_at_signal:.0f} s of the time limit left and no "
         "preemption: srun ending the other ranks after one died)"
     )
 

@@ -40,7 +40,7 @@ def attempt(
     if stop:
         (path / "stop.json").write_text(
             json.dumps(
-                {"step": 10 * (restart + 1), "signal": "TERM", "signal_at": now - 1, "time": now, **me}
+                {"step": 10 * (restart + 1), "signal": "SIGTERM", "signal_at": now - 1, "time": now, **me}
             )
         )
     if failure_step is not None:
@@ -215,8 +215,10 @@ def test_a_bad_node_is_left_out_of_the_requeued_job(tmp_path: Path, slurm_comman
     assert attempts.excluded(path) == {
         "node2": {"reason": "preflight: node2 is slow", "attempt": 0, "time": 1001.0}
     }
-    # Held while its excluded nodes change, so it cannot start on node2 in between.
-    assert slurm_commands == [
+    # Asked whether a node went down (the accounting's events, sinfo); then held while its
+    # excluded nodes change, so it cannot start on node2 in between.
+    assert [command[0] for command in slurm_commands[:2]] == ["sacctmgr", "sinfo"]
+    assert slurm_commands[2:] == [
         ["scontrol", "requeuehold", "77"],
         ["scontrol", "update", "JobId=77", "ExcNodeList=node2"],
         ["scontrol", "release", "77"],
@@ -328,3 +330,29 @@ def test_nodes_are_not_asked_about_after_an_attempt_that_ended_well(tmp_path: Pa
     env = {**ENV, "SLURM_RESTART_COUNT": "1"}
     attempts.begin(path, env, now=1100.0, failed_nodes=lambda nodes, since: asked.append(nodes) or {})
     assert asked == [] and attempts.excluded(path) == {}
+
+
+def test_a_node_that_went_down_under_the_attempt_explains_its_end(tmp_path: Path) -> None:
+    """The ranks on the other nodes were ended early: no crash of theirs, a node failure."""
+    path = run_dir(tmp_path)
+    assert attempts.begin(path, ENV, now=time.time() - 30, failed_nodes=lambda nodes, since: {}) == 0
+    now = time.time()
+    me = {"job_id": "77", "restart_count": 0}
+    (path / "stop.json").write_text(
+        json.dumps({"step": 8, "signal": "SIGTERM", "signal_at": now - 1, "time": now, **me})
+    )
+    attempts.end(
+        path,
+        0,
+        ENV,
+        now=now,
+        preempt_time=lambda job: None,
+        time_left=lambda job: 500.0,
+        partition_nodes=lambda p: 3,
+        failed_nodes=lambda nodes, since: {"node2": "DOWN: Not responding"},
+    )
+    (record,) = ends(path)
+    assert record["reason"] == "failure" and record["requeue"] is True
+    assert "node2 went down under attempt 0 (DOWN: Not responding)" in str(record["message"])
+    assert "srun ending" not in str(record["message"])
+    assert list(attempts.excluded(path)) == ["node2"]

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+import subprocess
 import textwrap
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import only_run, slurmddp
+from conftest import only_run, slurmddp, wait_for_job
 
 from slurmddp.cluster import hostlist
 
@@ -267,3 +270,74 @@ def test_a_node_failing_the_preflight_is_left_out_and_the_run_completes(
     assert shown["elements"][0]["excluded"] == {"node2": excluded["node2"]["reason"]}
     text = slurmddp(slurm_env, tmp_path, "status", str(run)).stdout
     assert "run: leaves out node2: preflight failed: node2: failed on purpose" in text
+
+
+# One step a quarter of a second: long enough to take a node down under it.
+SLOW_TRAIN = """
+import time
+import torch
+from slurmddp import RunContext
+
+def train(ctx: RunContext) -> dict:
+    model = torch.nn.Linear(4, 1)
+    ddp = ctx.ddp(model)
+    optimizer = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    for step in ctx.loop(ctx.train.steps, model=model, optimizer=optimizer):
+        optimizer.zero_grad()
+        ddp(torch.ones(2, 4)).sum().backward()
+        optimizer.step()
+        time.sleep(0.25)
+    return {}
+"""
+
+
+def begins(run: Path) -> list[dict[str, Any]]:
+    records = [json.loads(line) for line in (run / "attempts.jsonl").read_text().splitlines()]
+    return [r for r in records if r["event"] == "begin"]
+
+
+def poll(what: str, check: Callable[[], bool], timeout: float = 180) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, f"no {what} after {timeout:.0f} s"
+        time.sleep(0.5)
+
+
+def test_a_node_that_fails_under_a_job_is_left_out_of_its_later_attempts(
+    slurm_env: dict[str, str], tmp_path: Path
+) -> None:
+    """Slurm ends the job NODE_FAIL and requeues it itself; the next attempt finds the node in the
+    accounting's events and leaves it out of every requeue after it."""
+    (tmp_path / "slow.py").write_text(SLOW_TRAIN)
+    exp = experiment(tmp_path, "slow.py:train", nodes=2, tasks=1, extra="train: {steps: 120}\n")
+    out = tmp_path / "runs"
+    proc = slurmddp(slurm_env, tmp_path, "submit", str(exp), f"output_dir={out}")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    run = only_run(out)
+    job = str(json.loads((run / "manifest.json").read_text())["job_id"])
+    progress = run / "progress.json"
+    poll("first step", lambda: progress.is_file() and json.loads(progress.read_text())["step"] >= 2)
+    # An idle lab gives the lowest-numbered nodes first: node[1-2].
+    victim = hostlist.expand(begins(run)[0]["nodes"])[1]
+    scontrol = ["scontrol", "update", f"nodename={victim}"]
+    try:
+        subprocess.run([*scontrol, "state=down", "reason=slurmddp test"], env=slurm_env, check=True)
+        poll("second attempt", lambda: len(begins(run)) == 2)
+        # Back in service at once: only the job's own exclusion keeps it away from here on.
+        subprocess.run([*scontrol, "state=resume"], env=slurm_env, check=False, capture_output=True)
+        reason = json.loads((run / "excluded.json").read_text())["hosts"][victim]["reason"]
+        assert reason == "went down under attempt 0 (DOWN: slurmddp test)", reason
+        poll("a step of the second attempt", lambda: json.loads(progress.read_text())["restart_count"] == 1)
+        stopped = slurmddp(slurm_env, tmp_path, "interrupt", str(run), "--preempt")
+        assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+        assert wait_for_job(job, slurm_env, timeout=300) == "COMPLETED"
+    finally:
+        subprocess.run([*scontrol, "state=resume"], env=slurm_env, check=False, capture_output=True)
+    nodes = [hostlist.expand(b["nodes"]) for b in begins(run)]
+    assert len(nodes) == 3 and victim not in nodes[2], nodes
+    # The batch script outlives srun and records the first end itself (else the next begin would).
+    first, *rest = ends(run)
+    assert [e["reason"] for e in rest] == ["preemption", "completed"], ends(run)
+    assert first["reason"] == "failure" and f"{victim} went down under attempt 0" in first["message"], first
+    text = slurmddp(slurm_env, tmp_path, "status", str(run)).stdout
+    assert f"run: leaves out {victim}: went down under attempt 0 (DOWN: slurmddp test)" in text, text
