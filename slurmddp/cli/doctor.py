@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Any, Literal, TextIO
 
 from slurmddp.cluster import slurm
-from slurmddp.cluster.slurm import TOOLS, parse_config
+from slurmddp.cluster.generations import Version, in_effect, shown
+from slurmddp.cluster.slurm import TOOLS, parse_config, version
 from slurmddp.errors import ConfigError, SlurmCommandError
 from slurmddp.experiment.load import Loaded, load_experiment
 from slurmddp.job import probe
@@ -208,9 +209,25 @@ def examine(
                 f"{config.get('ClusterName', '?')}\n"
             )
             checks += check_config(config)
+            out.write(describe_generation(version(), config) + "\n")
     out.write(format_checks(checks) + "\n")
     out.flush()
     return checks
+
+
+def describe_generation(found: Version | None, config: Mapping[str, str]) -> str:
+    """What changed between the Slurm releases slurmddp is tested on (22.05, 24.11), which side of
+    each change this cluster is on, and what slurmddp does about it."""
+    lines = [
+        f"slurmddp doctor: batch scripts are written for Slurm {shown(found)} (sbatch --version); "
+        "what changed in names and meanings between 22.05 and 24.11:"
+    ]
+    for change, new in in_effect(found):
+        value = f"; here {change.setting}={config.get(change.setting, '(unset)')}" if change.setting else ""
+        lines.append(f"  {'from' if new else 'not yet'} {shown(change.since)}: {change.name}{value}")
+        lines.append(f"        {change.said}")
+        lines.append(f"        slurmddp: {change.handled}")
+    return "\n".join(lines)
 
 
 def failed(checks: Sequence[Check]) -> bool:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import shlex
 from typing import TextIO
 
+from slurmddp.cluster.generations import shown
 from slurmddp.experiment.load import Loaded, SweepElement
 from slurmddp.experiment.sweep import describe
 from slurmddp.job import distenv
@@ -32,6 +33,7 @@ def show(loaded: Loaded, elements: list[SweepElement], plan: SubmissionPlan, out
         lines.append(f"# ---- sweep: {len(elements)} elements ({loaded.sweep.kind}) ----")
         lines += [f"# {element.dir_name}: {describe(element.overrides)}" for element in elements]
     if plan.executor == "slurm":
+        lines.append(f"# slurmddp: written for Slurm {shown(plan.slurm_version)} (sbatch --version)")
         lines += ["# ---- batch script (sbatch) ----", plan.batch_script()]
     else:
         lines += [f"# ---- local executor: {plan.world_size} processes, each running ----", command(plan)]

@@ -9,6 +9,7 @@ raises SlurmCommandError; "that job is not in the queue" is an answer (None or "
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import re
 import shutil
 import signal as signals
@@ -18,6 +19,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Literal, cast, get_args
 
+from slurmddp.cluster.generations import Version, parse_version
 from slurmddp.cluster.timespec import parse_time
 from slurmddp.errors import SlurmCommandError
 
@@ -226,13 +228,21 @@ def parse_node_states(text: str) -> dict[str, str]:
     return found
 
 
+@functools.cache
 def version_text() -> str | None:
-    """What `scontrol --version` prints (e.g. "slurm 22.05.8"), or None without Slurm."""
+    """What `sbatch --version` prints (e.g. "slurm 22.05.8"), or None without Slurm; read once per
+    process: what the batch script means depends on it (cluster.generations)."""
     try:
-        proc = subprocess.run(["scontrol", "--version"], capture_output=True, text=True, timeout=10)
+        proc = subprocess.run(["sbatch", "--version"], capture_output=True, text=True, timeout=10)
     except (OSError, subprocess.TimeoutExpired):
         return None
     return proc.stdout.strip() or None
+
+
+def version() -> Version | None:
+    """The Slurm release of the sbatch on PATH, or None without one."""
+    text = version_text()
+    return None if text is None else parse_version(text)
 
 
 # ---- squeue ----

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from slurmddp.cluster.generations import Version, exports_srun_cpus
 from slurmddp.cluster.timespec import minutes_ceil, parse_time
 from slurmddp.defaults import ALWAYS_STOP_ON, RunExecutor
 from slurmddp.errors import ConfigError
@@ -46,6 +47,8 @@ class SubmissionPlan:
     """Things the user should know about this plan (printed by submit and dryrun)."""
     array: tuple[RankSpec, ...] = field(default=())
     """For a sweep: one spec per array task, in task order (`rank` is the first)."""
+    slurm_version: Version | None = None
+    """The Slurm release the batch script was written for (`sbatch --version`; None: unknown)."""
 
     def batch_script(self) -> str:
         """The batch script submitit writes for this plan, byte for byte (Slurm plans)."""
@@ -62,9 +65,10 @@ def build(
     elements: tuple[tuple[Loaded, Path], ...] = (),
     submission: int | None = None,
     max_parallel: int | None = None,
+    slurm_version: Version | None = None,
 ) -> SubmissionPlan:
     """The plan for `loaded` run from `workdir`, writing to `run_dir`, on `executor`, with the
-    Python `interpreter` (a shell-quoted command).
+    Python `interpreter` (a shell-quoted command), for the Slurm release `slurm_version`.
 
     For a sweep, `run_dir` is the sweep's directory, `elements` the (config, run directory) of each
     array task in order, `submission` the number of this submission in the sweep manifest, and
@@ -80,7 +84,7 @@ def build(
         _check_shared(ranks)
     folder = run_dir / LOGS
     if executor == "slurm":
-        parameters = slurm_parameters(exp, run_dir, interpreter, submission)
+        parameters = slurm_parameters(exp, run_dir, interpreter, submission, slurm_version)
         if elements:
             parameters["array_parallelism"] = max_parallel or len(ranks)
         notes = slurm_notes(exp)
@@ -98,6 +102,7 @@ def build(
         world_size=exp.resources.world_size,
         notes=notes,
         array=ranks if elements else (),
+        slurm_version=slurm_version if executor == "slurm" else None,
     )
 
 
@@ -180,7 +185,11 @@ def stop_signals(exp: Experiment) -> tuple[str, ...]:
 
 
 def slurm_parameters(
-    exp: Experiment, run_dir: Path, interpreter: str, submission: int | None = None
+    exp: Experiment,
+    run_dir: Path,
+    interpreter: str,
+    submission: int | None = None,
+    slurm_version: Version | None = None,
 ) -> dict[str, Any]:
     res = exp.resources
     submission_args = "" if submission is None else f" --submission {submission}"
@@ -196,6 +205,7 @@ def slurm_parameters(
         "setup": render_template(
             "setup.sh.j2",
             stop_signals=",".join(stop_signals(exp)),
+            export_srun_cpus=exports_srun_cpus(slurm_version),
             python=interpreter,
             run_dir=run_dir,
             user_setup=res.setup,

@@ -67,4 +67,5 @@ def plan_for(
         elements=array,
         submission=submission if array else None,
         max_parallel=max_parallel,
+        slurm_version=slurm.version() if chosen == "slurm" else None,
     )

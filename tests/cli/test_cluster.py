@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import subprocess
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -11,6 +12,8 @@ import pytest
 from conftest import QUICKSTART, ROOT, SYNTHETIC, only_run, run_dirs, slurmddp
 from fake_sysfs import build_dgx_h100
 from torchrun_module import PACKAGE, write_package
+
+from slurmddp.cluster.generations import parse_version, shown
 
 TORCHRUN = ROOT / "examples" / "torchrun_script.yaml"
 STEPS = "train.steps=60"
@@ -155,6 +158,14 @@ def test_dryrun_shows_the_script_that_is_submitted(
     submitted = (run / "logs" / f"{manifest['job_id']}_submission.sh").read_text()
     previewed = dry.stdout.split("# ---- batch script (sbatch) ----\n")[1].split("\n# ---- environment")[0]
     assert previewed.replace(dry_run_dir, "RUN").strip() == submitted.replace(str(run), "RUN").strip()
+    # The release it was written for is the lab's own, and before 23.11 srun needs telling the CPUs.
+    said = subprocess.run(["sbatch", "--version"], env=slurm_env, capture_output=True, text=True).stdout
+    version = parse_version(said)
+    assert (
+        version is not None
+        and f"# slurmddp: written for Slurm {shown(version)} (sbatch --version)" in dry.stdout
+    )
+    assert ("export SRUN_CPUS_PER_TASK" in submitted) == (version < (23, 11, 0))
     assert slurm_wait(manifest["job_id"]) == "COMPLETED"
 
 

@@ -13,12 +13,19 @@ from pathlib import Path
 
 import pytest
 
+from slurmddp.cluster import slurm
 from slurmddp.experiment.load import PROFILE_PATH_ENV, expand, load_experiment
 from slurmddp.submit.planner import plan_for
 
 GOLDEN = Path(__file__).resolve().parent / "golden"
 REPO = Path(__file__).resolve().parents[2]
 UPDATE_ENV = "SLURMDDP_UPDATE_GOLDEN"
+
+
+@pytest.fixture(autouse=True)
+def slurm_22_05(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The scripts are written for the release `sbatch --version` names: Debian 12's here."""
+    monkeypatch.setattr(slurm, "version", lambda: (22, 5, 8))
 
 
 def rendered(name: str, run_dir: Path) -> str:
@@ -48,3 +55,14 @@ def test_the_sweep_script_is_one_array_limited_to_max_parallel() -> None:
     script = (GOLDEN / "sweep.sh").read_text()
     assert "#SBATCH --array=0-5%2" in script
     assert "-m slurmddp.job.attempts begin RUN_DIR --submission 0" in script
+
+
+def test_from_23_11_srun_takes_the_cpus_per_task_itself(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(PROFILE_PATH_ENV, str(REPO / "configs"))
+    export = 'export SRUN_CPUS_PER_TASK="$SLURM_CPUS_PER_TASK"'
+    assert export in rendered("cpu", tmp_path / "run")
+    monkeypatch.setattr(slurm, "version", lambda: (24, 11, 5))
+    newer = rendered("cpu", tmp_path / "run")
+    assert export not in newer and "SRUN_CPUS_PER_TASK" not in newer

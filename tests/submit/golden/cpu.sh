@@ -18,6 +18,9 @@
 # setup
 # slurmddp: the signals the ranks catch (acted on at the next step boundary, never fatal)
 export SLURMDDP_STOP_SIGNALS=USR2,TERM
+# Slurm 22.05 and 23.02: srun takes the job's --cpus-per-task from SRUN_CPUS_PER_TASK only, not
+# from SLURM_CPUS_PER_TASK (NEWS 22.05.0rc1); 23.11 reads SLURM_CPUS_PER_TASK again.
+export SRUN_CPUS_PER_TASK="$SLURM_CPUS_PER_TASK"
 # Slurm sends SIGTERM to the batch shell too (time limit, preemption without
 # preempt_send_user_signal); surviving it lets the attempt record below run after srun returns.
 trap 'echo "slurmddp: batch script got SIGTERM" >&2' TERM
