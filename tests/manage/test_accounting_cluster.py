@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import SYNTHETIC, slurmddp, wait_for_job, wait_until
+from conftest import ROOT, SYNTHETIC, only_run, slurmddp, wait_for_job, wait_until
 
 pytestmark = pytest.mark.slurm
 
@@ -101,3 +101,32 @@ def test_status_hours_are_sacct_sums_over_every_allocation_of_a_requeued_job(
     assert shown["total"] == {k: row[k] for k in ("cpu_hours", "gpu_hours", "lost_hours")}
     table = slurmddp(env, tmp_path, "status", str(run)).stdout
     assert f"{cpu_hours:.2f}" in table.splitlines()[2].split()
+
+
+def test_gpu_hours_are_sacct_sums_of_the_gpus_each_allocation_held(
+    slurm_env: dict[str, str], tmp_path: Path
+) -> None:
+    """The lab's fake GPUs (2 of each node's 4, on 2 nodes) under a torchrun-style script that
+    does not touch them: the lab records gres/gpu in AllocTRES, as a GPU site does."""
+    env = {**slurm_env, "XDG_STATE_HOME": str(tmp_path / "state")}
+    out = tmp_path / "runs"
+    proc = slurmddp(
+        env,
+        tmp_path,
+        "submit",
+        str(ROOT / "examples" / "torchrun_script.yaml"),
+        f"output_dir={out}",
+        "resources.gpus_per_node=2",
+        "resources.tasks_per_node=null",
+        "--wait",
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    run = only_run(out)
+    job = str(json.loads((run / "manifest.json").read_text())["job_id"])
+    allocations = sacct_allocations(env, job)
+    assert [gpus(a["AllocTRES"]) for a in allocations] == [4], allocations
+    gpu_hours = sum(int(a["ElapsedRaw"]) * gpus(a["AllocTRES"]) for a in allocations) / 3600
+    (row,) = json.loads(slurmddp(env, tmp_path, "status", str(run), "--json").stdout)["elements"]
+    print(f"\njob {job}: sacct {gpu_hours:.6f} GPU h; status {row['gpu_hours']:.6f} GPU h")
+    assert gpu_hours > 0 and row["gpu_hours"] == pytest.approx(gpu_hours, abs=1e-9)
