@@ -98,6 +98,7 @@ def experiment(folder: Path, entrypoint: str, nodes: int, tasks: int, extra: str
     return path
 
 
+@pytest.mark.generations
 def test_a_script_rank_that_aborts_is_a_failure_not_a_time_limit(
     slurm_env: dict[str, str], tmp_path: Path
 ) -> None:
@@ -303,6 +304,7 @@ def poll(what: str, check: Callable[[], bool], timeout: float = 180) -> None:
         time.sleep(0.5)
 
 
+@pytest.mark.generations
 def test_a_node_that_fails_under_a_job_is_left_out_of_its_later_attempts(
     slurm_env: dict[str, str], tmp_path: Path
 ) -> None:

@@ -19,7 +19,7 @@ from quickstart_runs import (
     validation_history,
 )
 
-pytestmark = pytest.mark.slurm
+pytestmark = [pytest.mark.slurm, pytest.mark.generations]
 
 EPOCHS = 6
 GLOBAL_BATCH = 64
