@@ -168,6 +168,33 @@ def resubmit_run(ref: str, overrides: list[str], argv: list[str]) -> Resubmitted
     if state == "COMPLETED":
         raise SlurmddpError(f"{target.dir} completed: there is nothing to resume")
     before = _saved(target.dir, target.manifest)
+    overrides, notes = _kept_as_before(target, before, overrides)
+    after = _saved(target.dir, target.manifest, overrides)
+    changed = check_changes(before.resolved, after.resolved)
+    ranks = (before.experiment.resources.world_size, after.experiment.resources.world_size)
+    plan = plan_for(
+        after, executor=target.executor, run_dir=target.dir, workdir=Path(target.manifest["workdir"])
+    )
+    if plan.executor == "slurm":
+        submitter.check_schedulable(plan)
+    previous = attempts.final_end(attempts.read_attempts(target.dir))
+    attempts.mark(
+        target.dir,
+        {"event": "resubmit", "time": time.time(), "argv": argv, "changed": changed, "ranks": list(ranks)},
+    )
+    try:
+        sub = submitter.resubmit(plan, after, target.manifest, argv)
+    except BaseException:
+        if previous is not None:
+            # The run reads as it did: ended, with the same reason.
+            attempts.mark(target.dir, {**previous, "time": time.time()})
+        raise
+    return Resubmitted(sub, changed, notes)
+
+
+def _kept_as_before(target: runs.Target, before: Loaded, overrides: list[str]) -> tuple[list[str], list[str]]:
+    """`overrides` plus what keeps the run as it was (each rank's micro-batch when the number of
+    ranks changes, the hosts it left out), and a note on each."""
     after = _saved(target.dir, target.manifest, overrides)
     notes = []
     ranks = (before.experiment.resources.world_size, after.experiment.resources.world_size)
@@ -187,26 +214,7 @@ def resubmit_run(ref: str, overrides: list[str], argv: list[str]) -> Resubmitted
         hosts = sorted({*left_out, *(hostlist.expand(user) if user else [])})
         overrides = [*overrides, f"resources.exclude={','.join(hosts)}"]
         notes += [f"leaves out {host}: {why['reason']}" for host, why in left_out.items()]
-    after = _saved(target.dir, target.manifest, overrides)
-    changed = check_changes(before.resolved, after.resolved)
-    plan = plan_for(
-        after, executor=target.executor, run_dir=target.dir, workdir=Path(target.manifest["workdir"])
-    )
-    if plan.executor == "slurm":
-        submitter.check_schedulable(plan)
-    previous = attempts.final_end(attempts.read_attempts(target.dir))
-    attempts.mark(
-        target.dir,
-        {"event": "resubmit", "time": time.time(), "argv": argv, "changed": changed, "ranks": list(ranks)},
-    )
-    try:
-        sub = submitter.resubmit(plan, after, target.manifest, argv)
-    except BaseException:
-        if previous is not None:
-            # The run reads as it did: ended, with the same reason.
-            attempts.mark(target.dir, {**previous, "time": time.time()})
-        raise
-    return Resubmitted(sub, changed, notes)
+    return overrides, notes
 
 
 def _global_batch(run_dir: Path) -> int | None:
