@@ -152,16 +152,17 @@ def requeue_excluding(target: str, hosts: Sequence[str]) -> str | None:
     """
     previous = signals.signal(signals.SIGTERM, signals.SIG_IGN)
     try:
-        proc = run(["scontrol", "requeuehold", target])
-        if proc.returncode != 0:
-            return _said(proc)
+        held = run(["scontrol", "requeuehold", target])
+        # Also when the hold was refused: a job Slurm requeued itself (NODE_FAIL, a preemption in
+        # REQUEUE mode) is pending already, and a pending job takes the update.
         update = run(["scontrol", "update", f"JobId={target}", f"ExcNodeList={','.join(hosts)}"])
-        release = run(["scontrol", "release", target])
+        release = run(["scontrol", "release", target]) if held.returncode == 0 else held
     finally:
         signals.signal(signals.SIGTERM, previous)
     if update.returncode != 0:
-        return f"excluding {','.join(hosts)}: {_said(update)}"
-    return None if release.returncode == 0 else _said(release)
+        refused = "" if held.returncode == 0 else f"requeuehold: {_said(held)}; "
+        return f"{refused}excluding {','.join(hosts)}: {_said(update)}"
+    return None if release.returncode == 0 or held.returncode != 0 else _said(release)
 
 
 def partition_nodes(partition: str | None) -> int | None:
@@ -195,10 +196,10 @@ def failed_nodes(nodes: Sequence[str], since: float) -> dict[str, str]:
         states = run(["sinfo", "-h", "-N", "-n", listed, "-o", "%N|%T|%E"])
     except SlurmCommandError:
         return found
-    if events.returncode == 0:
-        found.update(parse_node_events(events.stdout, start))
     if states.returncode == 0:
         found.update(parse_node_states(states.stdout))
+    if events.returncode == 0:
+        found.update(parse_node_events(events.stdout, start))
     return found
 
 
@@ -224,7 +225,8 @@ def parse_node_states(text: str) -> dict[str, str]:
     for line in text.splitlines():
         node, state, reason = [*line.split("|", 2), "", ""][:3]
         if node and _failed(state):
-            found[node] = f"{state}: {reason}" if reason and reason != "none" else state
+            # The accounting's spelling (DOWN), which sinfo writes in lower case.
+            found[node] = f"{state.upper()}: {reason}" if reason and reason != "none" else state.upper()
     return found
 
 

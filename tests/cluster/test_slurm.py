@@ -201,4 +201,30 @@ def test_node_states_name_the_nodes_down_now_once() -> None:
         "node1|idle|none\nnode1|idle|none\n"
         "node2|down*|Not responding\nnode2|down*|Not responding\nnode3|drained|x\n"
     )
-    assert slurm.parse_node_states(text) == {"node2": "down*: Not responding"}
+    assert slurm.parse_node_states(text) == {"node2": "DOWN*: Not responding"}
+
+
+@pytest.mark.parametrize(
+    ("held", "updated", "expected"),
+    [
+        (0, 0, None),
+        # Slurm requeued the job itself (NODE_FAIL): not running, so no hold, but a pending job
+        # takes the update and needs no release.
+        (1, 0, None),
+        (1, 1, "requeuehold: Job is pending execution; excluding node2: Job has already finished"),
+    ],
+)
+def test_requeue_excluding_updates_a_job_slurm_requeued_itself(
+    monkeypatch: pytest.MonkeyPatch, held: int, updated: int, expected: str | None
+) -> None:
+    calls: list[list[str]] = []
+    said = {"requeuehold": "Job is pending execution", "update": "Job has already finished"}
+
+    def fake_run(args: Sequence[str], stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+        calls.append(list(args))
+        status = {"requeuehold": held, "update": updated}.get(args[1], 0)
+        return subprocess.CompletedProcess(list(args), status, "", said.get(args[1], "") if status else "")
+
+    monkeypatch.setattr(slurm, "run", fake_run)
+    assert slurm.requeue_excluding("77", ["node2"]) == expected
+    assert [call[1] for call in calls] == ["requeuehold", "update", *(["release"] if held == 0 else [])]

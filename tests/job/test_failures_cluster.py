@@ -308,10 +308,11 @@ def poll(what: str, check: Callable[[], bool], timeout: float = 180) -> None:
 def test_a_node_that_fails_under_a_job_is_left_out_of_its_later_attempts(
     slurm_env: dict[str, str], tmp_path: Path
 ) -> None:
-    """Slurm ends the job NODE_FAIL and requeues it itself; the next attempt finds the node in the
-    accounting's events and leaves it out of every requeue after it."""
+    """Slurm ends the job NODE_FAIL and requeues it itself; the attempt's end (or, when it was not
+    recorded, the next attempt's begin) finds the node down and leaves it out of every requeue
+    after it."""
     (tmp_path / "slow.py").write_text(SLOW_TRAIN)
-    exp = experiment(tmp_path, "slow.py:train", nodes=2, tasks=1, extra="train: {steps: 120}\n")
+    exp = experiment(tmp_path, "slow.py:train", nodes=2, tasks=1, extra="train: {steps: 240}\n")
     out = tmp_path / "runs"
     proc = slurmddp(slurm_env, tmp_path, "submit", str(exp), f"output_dir={out}")
     assert proc.returncode == 0, proc.stdout + proc.stderr
