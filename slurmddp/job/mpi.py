@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import fcntl
 import importlib.util
+import os
 import socket
 import struct
 from collections.abc import Mapping
@@ -62,6 +63,10 @@ def check_available() -> None:
 def mpi() -> Any:
     """mpi4py's MPI module, initialised; a clear error where mpi4py or its MPI library is missing."""
     check_available()
+    import mpi4py
+
+    # Initialised below, once the library is known (MPI_Get_library_version needs no MPI_Init).
+    mpi4py.rc.initialize = False
     try:
         from mpi4py import MPI
     except (ImportError, RuntimeError) as exc:
@@ -71,7 +76,23 @@ def mpi() -> Any:
             f"mpi4py is installed but cannot load an MPI library: {str(exc).splitlines()[0]}; install "
             "one (the `mpich` or `openmpi` Python package, or the system's MPI) on every node"
         ) from None
+    if not MPI.Is_initialized():
+        os.environ.update(library_env(MPI.Get_library_version(), os.environ))
+        MPI.Init_thread()
     return MPI
+
+
+def library_env(version: str, env: Mapping[str, str]) -> dict[str, str]:
+    """What an MPI library needs set before MPI_Init. MPICH's UCX netmod sends 4096 bytes of its
+    address buffer, most of it leftover memory, and a PMI-1 `put` line of it can exceed the 1024
+    bytes Slurm's pmi2 plugin reads at once (src/plugins/mpi/pmi2/pmi1.c: one read, "TODO: read
+    until newline"); the cut line fails MPI_Init on some runs (2 of 19 on Slurm 24.11, 0 of 18
+    with the OFI netmod). MPI here only carries the handshake, so its transport's speed does not
+    matter. The user's own MPIR_CVAR_CH4_NETMOD stands."""
+    device = next((line for line in version.splitlines() if line.startswith("MPICH Device:")), "")
+    if "ofi" in device and "MPIR_CVAR_CH4_NETMOD" not in env:
+        return {"MPIR_CVAR_CH4_NETMOD": "ofi"}
+    return {}
 
 
 def from_mpi(env: Mapping[str, str], port: int | None = None) -> DistEnv:

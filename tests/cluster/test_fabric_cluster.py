@@ -132,6 +132,7 @@ def test_doctor_probe_sees_the_stop_signal_on_every_rank(slurm_env: dict[str, st
     assert elapsed < 60, f"the probe took {elapsed:.0f} s"
 
 
+@pytest.mark.generations
 def test_mpi_launcher_on_slurm_runs_ddp_across_two_nodes(slurm_env: dict[str, str], tmp_path: Path) -> None:
     listed = subprocess.run(["srun", "--mpi=list"], env=slurm_env, capture_output=True, text=True)
     plugins = listed.stdout + listed.stderr  # Slurm 22.05 prints the list on stderr

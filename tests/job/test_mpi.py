@@ -140,3 +140,15 @@ def test_mpiexec_runs_a_four_rank_ddp_job(tmp_path: Path) -> None:
     result = json.loads(found.read_text())
     assert result["world_size"] == 4 and len(result["ranks"]) == 4
     assert len({r["param_sha256"] for r in result["ranks"]}) == 1, "ranks ended with different parameters"
+
+
+def test_mpich_with_ofi_handshakes_over_it_unless_told_otherwise() -> None:
+    # MPI_Get_library_version of the pip MPICH 5.0.2 wheel (first lines).
+    pip_mpich = (
+        "MPICH Version:      5.0.2\nMPICH Device:       ch4:ucx ofi\n"
+        "MPICH configure:    --with-device=ch4:ucx,ofi --with-pm=hydra:gforker\n"
+    )
+    assert mpi.library_env(pip_mpich, {}) == {"MPIR_CVAR_CH4_NETMOD": "ofi"}
+    assert mpi.library_env(pip_mpich, {"MPIR_CVAR_CH4_NETMOD": "ucx"}) == {}
+    assert mpi.library_env("MPICH Version: 4.1\nMPICH Device: ch4:ucx\n", {}) == {}
+    assert mpi.library_env("Open MPI v5.0.5, package: Open MPI ...", {}) == {}
