@@ -55,3 +55,22 @@ def global_batches(run: Path) -> dict[int, list[int]]:
             record = json.loads(line)
             batches[record["step"]].extend(record["index"])
     return {step: sorted(indices) for step, indices in batches.items()}
+
+
+def largest_parameter_difference(run: Path, reference: Path) -> float:
+    """The largest difference between the final parameters (final_model.pt) of two runs."""
+    import torch
+
+    ours, theirs = (torch.load(r / "final_model.pt") for r in (run, reference))
+    assert ours.keys() == theirs.keys()
+    return max(float((ours[name] - tensor).abs().max()) for name, tensor in theirs.items())
+
+
+def last_step(root: Path) -> int:
+    """The last step rank 0 trained, from its per-step sample record (train.record_samples) in
+    the one run under `root` (an output_dir or the run directory); -1 before the first."""
+    try:
+        lines = next(root.glob("**/samples/rank-0.jsonl")).read_text().splitlines()
+        return max(int(json.loads(line)["step"]) for line in lines[-2:] if line.endswith("}"))
+    except (StopIteration, OSError, ValueError, KeyError):
+        return -1

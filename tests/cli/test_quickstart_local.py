@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 from conftest import QUICKSTART, ROOT, local_rank_pids, only_run
-from quickstart_runs import assert_every_sample_once_per_epoch, result, validation_history
+from quickstart_runs import assert_every_sample_once_per_epoch, last_step, result, validation_history
 
 # 3 ranks: with two, a + b == b + a and a changed summation order would go unseen.
 EPOCHS = 5
@@ -39,16 +39,6 @@ def submit(out: Path, *args: str) -> subprocess.Popen[str]:
         stderr=subprocess.STDOUT,
         text=True,
     )
-
-
-def step(out: Path) -> int:
-    """The last step rank 0 finished, from its per-step sample record (progress.json is written
-    only every 2 s, dozens of steps here)."""
-    try:
-        lines = next(out.glob("quickstart/*/samples/rank-0.jsonl")).read_text().splitlines()
-        return max(int(json.loads(line)["step"]) for line in lines[-2:] if line.endswith("}"))
-    except (StopIteration, OSError, ValueError, KeyError):
-        return -1
 
 
 def resumes(out: Path) -> int:
@@ -89,7 +79,7 @@ def test_stopped_twice_at_random_steps_it_ends_on_the_uninterrupted_run_bit_for_
         deadline = time.monotonic() + 240
         # A resumed attempt starts at its checkpoint, below the next threshold: a step at or past
         # it was written by this attempt.
-        while not (resumes(out) == attempt and step(out) >= threshold):
+        while not (resumes(out) == attempt and last_step(out) >= threshold):
             assert proc.poll() is None and time.monotonic() < deadline, f"no step {threshold} (stops {stops})"
             time.sleep(0.05)
         for pid in local_rank_pids(only_run(out)):
