@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from conftest import only_run
+from conftest import only_run, slurmddp
 
 from slurmddp.job.scriptrun import STEP_FILE_ENV, read_steps
 
@@ -94,20 +94,8 @@ def test_a_script_rank_that_hangs_is_named_with_its_blocking_line(tmp_path: Path
     exp = tmp_path / "exp.yaml"
     exp.write_text("entrypoint: hanging.py\nresources: {tasks_per_node: 3}\ndist: {hang_timeout_s: 10}\n")
     started = time.monotonic()
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "slurmddp",
-            "submit",
-            str(exp),
-            "executor=local",
-            f"output_dir={tmp_path / 'runs'}",
-        ],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=300,
+    proc = slurmddp(
+        dict(os.environ), tmp_path, "submit", str(exp), "executor=local", f"output_dir={tmp_path / 'runs'}"
     )
     took = time.monotonic() - started
     assert proc.returncode != 0, proc.stdout + proc.stderr

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
 import socket
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
 from typing import Any
+
+from conftest import slurmddp
 
 from slurmddp.job import watchdog
 from slurmddp.job.distenv import DistEnv
@@ -171,20 +172,8 @@ def test_three_local_ranks_one_blocked_name_it_and_end(tmp_path: Path) -> None:
         "dist: {hang_timeout_s: 10}\n"
     )
     started = time.monotonic()
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "slurmddp",
-            "submit",
-            str(exp),
-            "executor=local",
-            f"output_dir={tmp_path / 'runs'}",
-        ],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=300,
+    proc = slurmddp(
+        dict(os.environ), tmp_path, "submit", str(exp), "executor=local", f"output_dir={tmp_path / 'runs'}"
     )
     took = time.monotonic() - started
     assert proc.returncode != 0, proc.stdout + proc.stderr
