@@ -357,8 +357,10 @@ def _resubmit(args: argparse.Namespace) -> int:
                 f"resubmit --failed takes no overrides ({args.overrides[0]!r}): a sweep's elements go "
                 "again as they were; resubmit an element's directory on its own to change it"
             )
-        job_id, indices = actions.resubmit_failed(str(target.dir), sys.argv)
-        print(f"slurmddp: resubmitted elements {', '.join(map(str, indices))} as job {job_id}")
+        again = actions.resubmit_failed(str(target.dir), sys.argv)
+        for note in again.notes:
+            print(f"slurmddp: {note}")
+        print(f"slurmddp: resubmitted elements {', '.join(map(str, again.indices))} as job {again.job_id}")
         return 0
     done = actions.resubmit_run(str(target.dir), args.overrides, sys.argv)
     for note in done.notes:

@@ -105,9 +105,17 @@ def _label(element: runs.Run) -> str:
     return f"{where}job {element.job_id} ({element.dir})"
 
 
-def resubmit_failed(ref: str, argv: list[str]) -> tuple[str, list[int]]:
+@dataclass(frozen=True)
+class ResubmittedElements:
+    job_id: str
+    indices: list[int]
+    notes: list[str]
+
+
+def resubmit_failed(ref: str, argv: list[str]) -> ResubmittedElements:
     """Submit the failed elements of a sweep again, as one new array; each resumes from its own
-    latest checkpoint with fresh budgets. Returns the new array id and the indices."""
+    latest checkpoint with fresh budgets. The hosts any of them left out stay out of the whole
+    array (a node that broke one element's run is no better for the next)."""
     target = runs.resolve(ref)
     if target.kind != "sweep":
         raise SlurmddpError(f"{target.dir} is a single run; resubmit works on sweeps (submit the run again)")
@@ -118,9 +126,13 @@ def resubmit_failed(ref: str, argv: list[str]) -> tuple[str, list[int]]:
     if not failed:
         raise SlurmddpError(f"{target.dir}: no failed elements to resubmit")
     manifest = target.manifest
-    elements = [SweepElement(e.index or 0, e.overrides, e.dir.name, _saved(e.dir, manifest)) for e in failed]
+    base = _saved(target.dir, manifest)
+    keep_out, notes = _left_out([e.dir for e in failed], base)
+    elements = [
+        SweepElement(e.index or 0, e.overrides, e.dir.name, _saved(e.dir, manifest, keep_out)) for e in failed
+    ]
     plan = plan_for(
-        _saved(target.dir, manifest),
+        _saved(target.dir, manifest, keep_out),
         elements=elements,
         executor="slurm",
         run_dir=target.dir,
@@ -134,7 +146,7 @@ def resubmit_failed(ref: str, argv: list[str]) -> tuple[str, list[int]]:
     for element in failed:
         attempts.mark(element.dir, {"event": "resubmit", "time": time.time(), "argv": argv})
     job_id = submitter.submit_array(plan, manifest, indices)
-    return job_id, indices
+    return ResubmittedElements(job_id, indices, notes)
 
 
 @dataclass(frozen=True)
@@ -208,13 +220,22 @@ def _kept_as_before(target: runs.Target, before: Loaded, overrides: list[str]) -
                 "rank's micro-batch is no larger than before (the global batch stays; set "
                 "ddp.accumulate=N to choose)"
             )
-    left_out = attempts.excluded(target.dir)
-    if left_out:
-        user = after.experiment.resources.exclude
-        hosts = sorted({*left_out, *(hostlist.expand(user) if user else [])})
-        overrides = [*overrides, f"resources.exclude={','.join(hosts)}"]
-        notes += [f"leaves out {host}: {why['reason']}" for host, why in left_out.items()]
-    return overrides, notes
+    keep_out, left_out = _left_out([target.dir], after)
+    return [*overrides, *keep_out], notes + left_out
+
+
+def _left_out(run_dirs: Sequence[Path], loaded: Loaded) -> tuple[list[str], list[str]]:
+    """The override that goes on leaving out the hosts these runs left out (excluded.json), with
+    the experiment's own resources.exclude, and a note on each host; nothing when none was."""
+    left_out: dict[str, dict[str, Any]] = {}
+    for run_dir in run_dirs:
+        left_out.update(attempts.excluded(run_dir))
+    if not left_out:
+        return [], []
+    user = loaded.experiment.resources.exclude
+    hosts = sorted({*left_out, *(hostlist.expand(user) if user else [])})
+    notes = [f"leaves out {host}: {why['reason']}" for host, why in left_out.items()]
+    return [f"resources.exclude={','.join(hosts)}"], notes
 
 
 def _global_batch(run_dir: Path) -> int | None:

@@ -304,9 +304,17 @@ def test_cancel_one_element_and_resubmit_exactly_the_failed_one(
     ).stdout
 
     fail_flag.unlink()
+    # A node element 2 left out (as after a node failure) stays out of the new array.
+    left_out = {"node3": {"reason": "went down under attempt 0 (test)", "attempt": 0, "time": time.time()}}
+    (dirs[2] / "excluded.json").write_text(json.dumps({"hosts": left_out}))
     said = ok(cli(env, tmp_path, "resubmit", str(sweep), "--failed"))
     second = manifest(sweep)["submissions"][1]
     assert second["elements"] == [2] and f"resubmitted elements 2 as job {second['job_id']}" in said
+    assert "leaves out node3: went down under attempt 0 (test)" in said
+    shown = subprocess.run(
+        ["scontrol", "show", "job", "-o", second["job_id"]], env=env, capture_output=True, text=True
+    ).stdout
+    assert "ExcNodeList=node3 " in shown, shown
     assert wait_for_job(second["job_id"], env) == "COMPLETED"
     rows = status(env, tmp_path, str(sweep))
     assert [r["state"] for r in rows] == ["CANCELLED", "COMPLETED", "COMPLETED"]
