@@ -22,7 +22,9 @@ from quickstart_runs import (
 
 pytestmark = [pytest.mark.slurm, pytest.mark.generations]
 
-EPOCHS = 6
+# Steps take ~10 ms here: 30 epochs leave over 600 steps (>6 s) after the stop is asked for at a
+# step under 44, time for `interrupt` to start and signal (6 epochs left 1 s: seen too short on 24.11).
+EPOCHS = 30
 GLOBAL_BATCH = 64
 SETTINGS = (
     "profile=lab",
