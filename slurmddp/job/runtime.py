@@ -361,7 +361,16 @@ def _run_script(spec: RankSpec, dist: DistEnv) -> int:
         store = rendezvous.open_store(dist, spec.dist.timeout_s)
         code = _wait_for_script(child, dist, Path(spec.run_dir), Path(steps.name))
         step = scriptrun.read_steps(Path(steps.name))
+        finished = scriptrun.read_finished(Path(steps.name))
     stop = signals.received()
+    if stop is None and code < 0 and finished:
+        print(
+            f"slurmddp: rank {dist.rank}: {shlex.join(command)} ended with status 0, then its process "
+            f"died of {signals.name(-code)} while Python shut down; counted as completed",
+            file=sys.stderr,
+            flush=True,
+        )
+        code = 0
     if stop is None and code != 0:
         # Before srun's SIGTERM reaches the other ranks: their stop is no stop request.
         _record_failure(spec, dist, step, f"{shlex.join(command)} exited with status {code}{_after(step)}")

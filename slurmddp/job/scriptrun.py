@@ -10,10 +10,17 @@ process reads it on the same node), from which the rank records where the attemp
 after the same number of steps twice in a row stops the job) and rank 0 shows progress. The hang
 watchdog (job/watchdog.py) runs in this process, so its stacks are the script's own; it is fed by
 the steps and by every batch a DataLoader hands out (an evaluation makes no optimizer step).
+
+The same file says when the script ended with status 0 and every exit handler it registered has
+run: what is left after that is Python shutting down. A C++ thread that takes the GIL then (gloo's
+workers do, releasing a collective's tensors) is ended by CPython with pthread_exit, which in C++
+aborts the process: `terminate called without an active exception`, SIGABRT, with the script's work
+done. The rank's process reads the mark and counts such a death as the completion it was.
 """
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import runpy
@@ -24,6 +31,8 @@ from typing import Any
 STEP_FILE_ENV = "SLURMDDP_STEP_FILE"
 WATCH_ENV = "SLURMDDP_WATCH"
 """JSON of the rank's DistEnv and `hang_timeout_s`; absent: no watchdog (dist.hang_timeout_s=0)."""
+FINISHED = b"finished"
+"""Bytes 8-16 of the step file once the script ended with status 0 and its exit handlers ran."""
 
 
 class Steps:
@@ -31,6 +40,7 @@ class Steps:
 
     def __init__(self, path: str | None, watchdog: Any) -> None:
         self.count = 0
+        self.succeeded = False
         self._fd = os.open(path, os.O_WRONLY) if path else None
         self._watchdog = watchdog
 
@@ -41,14 +51,29 @@ class Steps:
         if self._watchdog is not None:
             self._watchdog.at(self.count)
 
+    def at_exit(self) -> None:
+        """Registered before the script runs, so (exit handlers run last-in first-out) after the
+        script's own handlers: its trackers and loggers have flushed by now."""
+        if self.succeeded and self._fd is not None:
+            os.pwrite(self._fd, FINISHED, 8)
+
 
 def read_steps(path: Path) -> int | None:
-    """The count a script's Steps wrote, None before its first step."""
+    """The count a script's Steps wrote, None before its first step (a finished mark alone leaves
+    the count's bytes zero)."""
     try:
         data = path.read_bytes()
     except OSError:
         return None
-    return int.from_bytes(data[:8], "little") if len(data) >= 8 else None
+    return int.from_bytes(data[:8], "little") or None
+
+
+def read_finished(path: Path) -> bool:
+    """Whether the script ended with status 0 and its exit handlers ran (Steps.at_exit)."""
+    try:
+        return path.read_bytes()[8:16] == FINISHED
+    except OSError:
+        return False
 
 
 def _watchdog() -> Any:
@@ -82,8 +107,18 @@ def main(argv: list[str]) -> None:
     watchdog = _watchdog()
     steps = Steps(os.environ.get(STEP_FILE_ENV), watchdog)
     register_optimizer_step_post_hook(steps.step)
+    atexit.register(steps.at_exit)
     if watchdog is not None:
         _beat_on_batches(watchdog)
+    try:
+        _run(argv)
+    except SystemExit as exc:
+        steps.succeeded = exc.code in (None, 0)
+        raise
+    steps.succeeded = True
+
+
+def _run(argv: list[str]) -> None:
     if argv[0] == "-m":
         # `python -m` leaves the working directory first on sys.path, as this process has it.
         sys.argv = [argv[1], *argv[2:]]

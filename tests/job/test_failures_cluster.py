@@ -175,6 +175,50 @@ def test_rank_0_finishing_first_never_aborts_the_others(
     assert all([r["reason"] for r in ends(run.parent)] == ["completed"] for run in runs)
 
 
+# A DDP script that ends with status 0, after which rank 1's process dies of SIGABRT while Python
+# shuts down, as a torch C++ thread taking the GIL then makes it die (job.scriptrun's module doc).
+DIES_IN_SHUTDOWN = """
+import os, signal, sys, types
+import torch, torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+class DiesInShutdown:
+    def __del__(self):
+        os.kill(os.getpid(), signal.SIGABRT)
+
+dist.init_process_group("gloo")
+model = DistributedDataParallel(torch.nn.Linear(8, 1))
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+for step in range(5):
+    optimizer.zero_grad()
+    model(torch.ones(4, 8)).sum().backward()
+    optimizer.step()
+if dist.get_rank() == 1:
+    holder = types.ModuleType("holder")
+    holder.obj = DiesInShutdown()
+    sys.modules["holder"] = holder
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.generations
+def test_a_script_that_ended_and_then_died_in_python_shutdown_completed(
+    slurm_env: dict[str, str], tmp_path: Path
+) -> None:
+    """Before: the abort cost a requeue, and twice in a row after the last step would have ended a
+    finished run as "crashed at step N twice in a row"."""
+    (tmp_path / "dies_in_shutdown.py").write_text(DIES_IN_SHUTDOWN)
+    exp = experiment(tmp_path, "dies_in_shutdown.py", nodes=2, tasks=1)
+    out = tmp_path / "runs"
+    proc = slurmddp(slurm_env, tmp_path, "submit", str(exp), f"output_dir={out}", "--wait")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    run = only_run(out)
+    assert [r["reason"] for r in ends(run)] == ["completed"]
+    said = [e.name for e in sorted(run.glob("logs/*_log.err")) if "counted as completed" in e.read_text()]
+    assert len(said) == 1 and said[0].endswith("_1_log.err"), said
+    assert "died of SIGABRT while Python shut down" in (run / "logs" / said[0]).read_text()
+
+
 # Seeded batches per step, so a resumed run can be compared bit for bit with an uninterrupted one.
 # HANG=block: rank 1 blocks forever inside step 3 on the first attempt; HANG=spin: it stops calling
 # collectives there but stays busy.

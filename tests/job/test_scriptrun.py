@@ -12,7 +12,7 @@ from pathlib import Path
 
 from conftest import only_run, slurmddp
 
-from slurmddp.job.scriptrun import STEP_FILE_ENV, read_steps
+from slurmddp.job.scriptrun import STEP_FILE_ENV, read_finished, read_steps
 
 # Five optimizer steps, one skipped by a GradScaler that found an inf (no step is made then), and
 # what `python script.py` / `python -m` would show it.
@@ -51,7 +51,33 @@ for step in range(20):
 """
 
 
-def run_wrapped(tmp_path: Path, *args: str) -> tuple[dict[str, object], int | None]:
+# Ends as it is told, after an exit handler of its own that shows whether the finished mark was
+# already there; "abort" ends with status 0 and then dies of SIGABRT while Python shuts down, as a
+# C++ thread taking the GIL then makes it die.
+ENDING = """
+import atexit, os, signal, sys, types
+from pathlib import Path
+from slurmddp.job.scriptrun import read_finished
+
+mark = Path(sys.argv[2])
+atexit.register(lambda: print("mark before the script's handler:", read_finished(mark), flush=True))
+how = sys.argv[1]
+if how == "abort":
+    class DiesInShutdown:
+        def __del__(self):
+            os.kill(os.getpid(), signal.SIGABRT)
+
+    holder = types.ModuleType("holder")
+    holder.obj = DiesInShutdown()
+    sys.modules["holder"] = holder
+elif how == "exit 3":
+    sys.exit(3)
+elif how == "raise":
+    raise RuntimeError("the script failed")
+"""
+
+
+def wrap(tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess[str], Path]:
     steps = tmp_path / "steps"
     steps.write_bytes(b"")
     proc = subprocess.run(
@@ -62,6 +88,11 @@ def run_wrapped(tmp_path: Path, *args: str) -> tuple[dict[str, object], int | No
         text=True,
         timeout=120,
     )
+    return proc, steps
+
+
+def run_wrapped(tmp_path: Path, *args: str) -> tuple[dict[str, object], int | None]:
+    proc, steps = wrap(tmp_path, *args)
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout.splitlines()[-1]), read_steps(steps)
 
@@ -81,6 +112,21 @@ def test_a_script_runs_as_python_runs_it_and_its_optimizer_steps_are_counted(tmp
     shown, steps = run_wrapped(code, "-m", "pkg", "--n", "7")
     assert shown["name"] == "__main__" and shown["argv"] == [str(code / "pkg" / "__main__.py"), "--n", "7"]
     assert shown["path0"] == str(code) and steps == 5
+
+
+def test_the_finished_mark_comes_after_the_scripts_exit_handlers_and_only_for_status_0(
+    tmp_path: Path,
+) -> None:
+    script = tmp_path / "ending.py"
+    script.write_text(ENDING)
+    steps = str(tmp_path / "steps")
+    ends = [("return", 0, True), ("abort", -6, True), ("exit 3", 3, False), ("raise", 1, False)]
+    for how, status, finished in ends:
+        proc, path = wrap(tmp_path, str(script), how, steps)
+        assert (proc.returncode, read_finished(path)) == (status, finished), (how, proc.stderr)
+        assert "mark before the script's handler: False" in proc.stdout, (how, proc.stdout)
+        # No optimizer step was made: the mark alone is no step count.
+        assert read_steps(path) is None
 
 
 def test_no_step_reads_as_none(tmp_path: Path) -> None:
