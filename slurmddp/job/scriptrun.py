@@ -12,10 +12,11 @@ watchdog (job/watchdog.py) runs in this process, so its stacks are the script's 
 the steps and by every batch a DataLoader hands out (an evaluation makes no optimizer step).
 
 The same file says when the script ended with status 0 and every exit handler it registered has
-run: what is left after that is Python shutting down. A C++ thread that takes the GIL then (gloo's
-workers do, releasing a collective's tensors) is ended by CPython with pthread_exit, which in C++
-aborts the process: `terminate called without an active exception`, SIGABRT, with the script's work
-done. The rank's process reads the mark and counts such a death as the completion it was.
+run: what is left after that is Python shutting down. A C++ thread that takes the GIL then is ended
+by CPython with pthread_exit, which in C++ can abort the process (`terminate called without an
+active exception`, SIGABRT) with the script's work done; pytorch/pytorch#179291 names gloo's worker
+threads, releasing a collective's tensors. The rank's process reads the mark and counts such a
+death as the completion it was.
 """
 
 from __future__ import annotations
