@@ -42,6 +42,7 @@ class Steps:
     def __init__(self, path: str | None, watchdog: Any) -> None:
         self.count = 0
         self.succeeded = False
+        self._pid = os.getpid()
         self._fd = os.open(path, os.O_WRONLY) if path else None
         self._watchdog = watchdog
 
@@ -54,8 +55,9 @@ class Steps:
 
     def at_exit(self) -> None:
         """Registered before the script runs, so (exit handlers run last-in first-out) after the
-        script's own handlers: its trackers and loggers have flushed by now."""
-        if self.succeeded and self._fd is not None:
+        script's own handlers: its trackers and loggers have flushed by now. A child the script
+        forked inherits the handler; its own end is not the script's."""
+        if self.succeeded and self._fd is not None and os.getpid() == self._pid:
             os.pwrite(self._fd, FINISHED, 8)
 
 

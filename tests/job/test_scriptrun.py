@@ -74,6 +74,12 @@ elif how == "exit 3":
     sys.exit(3)
 elif how == "raise":
     raise RuntimeError("the script failed")
+elif how == "fork, then raise":
+    child = os.fork()
+    if child == 0:
+        sys.exit(0)
+    os.waitpid(child, 0)
+    raise RuntimeError("the script failed after its child ended with status 0")
 """
 
 
@@ -120,7 +126,13 @@ def test_the_finished_mark_comes_after_the_scripts_exit_handlers_and_only_for_st
     script = tmp_path / "ending.py"
     script.write_text(ENDING)
     steps = str(tmp_path / "steps")
-    ends = [("return", 0, True), ("abort", -6, True), ("exit 3", 3, False), ("raise", 1, False)]
+    ends = [
+        ("return", 0, True),
+        ("abort", -6, True),
+        ("exit 3", 3, False),
+        ("raise", 1, False),
+        ("fork, then raise", 1, False),
+    ]
     for how, status, finished in ends:
         proc, path = wrap(tmp_path, str(script), how, steps)
         assert (proc.returncode, read_finished(path)) == (status, finished), (how, proc.stderr)
