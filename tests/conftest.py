@@ -36,6 +36,21 @@ UP_TIMEOUT_S = 900
 DOWN_TIMEOUT_S = 120
 
 # Slurm states after which a job never runs again (sacct spelling; "CANCELLED by 0" -> "CANCELLED").
+# Script code (needs os, signal, sys and types imported): die_in_shutdown() makes the process die
+# of SIGABRT while Python shuts down, after every exit handler, as a torch C++ thread taking the GIL
+# then makes it die (job.scriptrun's module doc).
+DIE_IN_SHUTDOWN = """
+class DiesInShutdown:
+    def __del__(self):
+        os.kill(os.getpid(), signal.SIGABRT)
+
+
+def die_in_shutdown():
+    holder = types.ModuleType("holder")
+    holder.obj = DiesInShutdown()
+    sys.modules["holder"] = holder
+"""
+
 TERMINAL_STATES = frozenset(
     {
         "BOOT_FAIL",

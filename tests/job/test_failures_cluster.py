@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import only_run, slurmddp, wait_for_job
+from conftest import DIE_IN_SHUTDOWN, only_run, slurmddp, wait_for_job
 
 from slurmddp.cluster import hostlist
 
@@ -177,15 +177,14 @@ def test_rank_0_finishing_first_never_aborts_the_others(
 
 # A DDP script that ends with status 0, after which rank 1's process dies of SIGABRT while Python
 # shuts down, as a torch C++ thread taking the GIL then makes it die (job.scriptrun's module doc).
-DIES_IN_SHUTDOWN = """
+DIES_IN_SHUTDOWN = (
+    """
 import os, signal, sys, types
 import torch, torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
-
-class DiesInShutdown:
-    def __del__(self):
-        os.kill(os.getpid(), signal.SIGABRT)
-
+"""
+    + DIE_IN_SHUTDOWN
+    + """
 dist.init_process_group("gloo")
 model = DistributedDataParallel(torch.nn.Linear(8, 1))
 optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -194,11 +193,10 @@ for step in range(5):
     model(torch.ones(4, 8)).sum().backward()
     optimizer.step()
 if dist.get_rank() == 1:
-    holder = types.ModuleType("holder")
-    holder.obj = DiesInShutdown()
-    sys.modules["holder"] = holder
+    die_in_shutdown()
 dist.destroy_process_group()
 """
+)
 
 
 @pytest.mark.generations

@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from conftest import only_run, slurmddp
+from conftest import DIE_IN_SHUTDOWN, only_run, slurmddp
 
 from slurmddp.job.scriptrun import STEP_FILE_ENV, read_finished, read_steps
 
@@ -54,22 +54,19 @@ for step in range(20):
 # Ends as it is told, after an exit handler of its own that shows whether the finished mark was
 # already there; "abort" ends with status 0 and then dies of SIGABRT while Python shuts down, as a
 # C++ thread taking the GIL then makes it die.
-ENDING = """
+ENDING = (
+    """
 import atexit, os, signal, sys, types
 from pathlib import Path
 from slurmddp.job.scriptrun import read_finished
-
+"""
+    + DIE_IN_SHUTDOWN
+    + """
 mark = Path(sys.argv[2])
 atexit.register(lambda: print("mark before the script's handler:", read_finished(mark), flush=True))
 how = sys.argv[1]
 if how == "abort":
-    class DiesInShutdown:
-        def __del__(self):
-            os.kill(os.getpid(), signal.SIGABRT)
-
-    holder = types.ModuleType("holder")
-    holder.obj = DiesInShutdown()
-    sys.modules["holder"] = holder
+    die_in_shutdown()
 elif how == "exit 3":
     sys.exit(3)
 elif how == "raise":
@@ -81,6 +78,7 @@ elif how == "fork, then raise":
     os.waitpid(child, 0)
     raise RuntimeError("the script failed after its child ended with status 0")
 """
+)
 
 
 def wrap(tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess[str], Path]:
