@@ -1,37 +1,51 @@
 #!/usr/bin/env bash
 # Set up this machine for the test suite and run all of it: lint, types, unit tests, and the
-# real-Slurm tests, which start (and stop) their own 3-node cluster from tests/slurm_lab.
+# real-Slurm tests on both lab generations (Slurm 22.05 and 24.11), which start (and stop) their own
+# 3-node clusters from tests/slurm_lab. Tests run in SLURMDDP_TEST_WORKERS pytest-xdist workers
+# (default 4), each with labs of its own: most lab time is waiting on the scheduler and on process
+# starts, not computing. Beside them, tests/slurm_lab/fresh_root_check builds the 24.11 root from
+# scratch and starts a lab from it (the cached root the tests use could hide a broken build;
+# SLURMDDP_FRESH_ROOT_CHECK=0 leaves it out).
 # Extra arguments go to pytest, e.g. `scripts/test.sh -k hostlist`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+t0=$SECONDS
+took() { printf 'scripts/test.sh: %s (%ss)\n' "$1" "$((SECONDS - t0))" >&2; }
 
 # torch first and pinned: the CPU build of 2.13.0 is what the suite is run with; an unpinned
 # `torch` requirement could pull a multi-GB CUDA build.
 python3 -m pip install -q torch==2.13.0
 python3 -m pip install -q -e '.[dev]'
+took "installed"
 
 ruff check .
 ruff format --check .
 mypy
+took "lint and types"
+
+fresh_log=$(mktemp)
+trap 'rm -f -- "$fresh_log"' EXIT
+fresh_pid=
+if [[ $EUID -eq 0 && ${SLURMDDP_FRESH_ROOT_CHECK:-1} != 0 ]]; then
+  tests/slurm_lab/fresh_root_check >"$fresh_log" 2>&1 &
+  fresh_pid=$!
+fi
 
 set +e
-python3 -m pytest "$@"
+python3 -m pytest -n "${SLURMDDP_TEST_WORKERS:-4}" --dist loadgroup "$@"
 code=$?
-# The cluster tests of what a Slurm release changes (preemption, time limit, arrays, requeue, MPI,
-# GPU binding, accounting, resubmit, node failure) once more on the Slurm 24.11 lab (Debian 13's;
-# its root is built on first use).
-second=0
-if [ "$code" -ne 5 ]; then
-  SLURMDDP_LAB_SLURM=24.11 python3 -m pytest -m generations "$@"
-  second=$?
-  # Arguments that select no such test (scripts/test.sh -k hostlist) leave nothing to run again.
-  [ "$second" -eq 5 ] && second=0
+took "pytest"
+fresh=0
+if [[ -n $fresh_pid ]]; then
+  wait "$fresh_pid"
+  fresh=$?
+  tail -n 40 -- "$fresh_log" >&2
 fi
 set -e
 # pytest says 5 when it collected no test: for this suite that means something is broken.
-if [ "$code" -eq 5 ]; then
+if [[ $code -eq 5 ]]; then
   echo "scripts/test.sh: pytest ran no test" >&2
   exit 1
 fi
-[ "$code" -ne 0 ] && exit "$code"
-exit "$second"
+[[ $code -ne 0 ]] && exit "$code"
+exit "$fresh"

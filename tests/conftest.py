@@ -1,8 +1,21 @@
 """Shared fixtures and helpers. The real Slurm cluster (tests/slurm_lab) is started lazily, once per
-session, by the first test that asks for `slurm_env`, and stopped at the end of the session.
+session and Slurm generation, by the first test that asks for `slurm_env`, and stopped at the end
+of the session.
 
-Tests that use it are marked `@pytest.mark.slurm`; a test that requests `slurm_env` gets the marker
-automatically, so `pytest -m "not slurm"` runs everything that needs no cluster.
+Every test that uses the cluster runs once on each generation of the lab (Slurm 22.05 and 24.11;
+`SLURMDDP_LAB_SLURM=24.11` picks one), as `test_x[22.05]` and `test_x[24.11]`. Tests that use it
+are marked `@pytest.mark.slurm`; a test that requests `slurm_env` gets the marker automatically,
+so `pytest -m "not slurm"` runs everything that needs no cluster.
+
+Under pytest-xdist (`-n N --dist loadgroup`, what scripts/test.sh runs) each worker starts labs of
+its own (`SLURMDDP_LAB_INSTANCE`: own bridge, namespaces, ports), so tests that preempt with a
+whole-cluster job, take a node down or slow a link never meet another test's job. A module's tests
+on one generation stay on one worker (an `xdist_group`), so its module-scoped reference runs are
+made once.
+
+No test touches the user's own state: every test gets its own XDG_STATE_HOME (slurmddp's index of
+submissions), XDG_CONFIG_HOME and XDG_DATA_HOME (`own_user_state`), the session its own caches, and
+the session fails when the user's runs.jsonl changed under it.
 
 This file applies to every folder under tests/, and the helpers below are imported by name
 (`from conftest import wait_for_job`): pyproject's `pythonpath = ["tests"]` puts this folder on
@@ -11,10 +24,13 @@ sys.path.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shlex
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -66,69 +82,217 @@ TERMINAL_STATES = frozenset(
 )
 
 
+GENERATIONS = ("22.05", "24.11")
+"""The Slurm releases the lab runs (tests/slurm_lab): every cluster test runs on each."""
+USER_STATE_VARS = ("XDG_STATE_HOME", "XDG_CONFIG_HOME", "XDG_DATA_HOME")
+"""Where programs keep a user's own state: each test gets directories of its own."""
+SESSION_CACHE_VARS = (
+    "XDG_CACHE_HOME",
+    "MPLCONFIGDIR",
+    "WANDB_CONFIG_DIR",
+    "WANDB_CACHE_DIR",
+    "WANDB_DATA_DIR",
+)
+"""Caches and settings of libraries the tests use: one set per session (matplotlib's font cache
+takes seconds to build)."""
+# The user's own index of submissions, as the environment the suite was started from names it.
+# xdist workers start from the controller's environment, in which XDG_STATE_HOME is already the
+# session's: the original is handed down in SLURMDDP_TEST_USER_INDEX.
+USER_INDEX = Path(
+    os.environ.setdefault(
+        "SLURMDDP_TEST_USER_INDEX",
+        str(
+            Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state")
+            / "slurmddp"
+            / "runs.jsonl"
+        ),
+    )
+)
+
+
+def file_digest(path: Path) -> str | None:
+    """sha256 of a file's bytes; None when there is no such file."""
+    try:
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+    except FileNotFoundError:
+        return None
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # Before any fixture copies os.environ: what module- and session-scoped fixtures start (the
+    # labs, reference runs) writes here too, never into the user's directories.
+    session_dir = Path(tempfile.mkdtemp(prefix="slurmddp-tests-"))
+    config.stash[_SESSION_DIR] = session_dir
+    for name in (*USER_STATE_VARS, *SESSION_CACHE_VARS):
+        os.environ[name] = str(session_dir / name.lower())
+    config.stash[_USER_INDEX_DIGEST] = file_digest(USER_INDEX)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    shutil.rmtree(config.stash[_SESSION_DIR], ignore_errors=True)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    if file_digest(USER_INDEX) != session.config.stash[_USER_INDEX_DIGEST]:
+        print(f"\nthe test session changed the user's own index of submissions {USER_INDEX}", file=sys.stderr)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+_SESSION_DIR = pytest.StashKey[Path]()
+_USER_INDEX_DIGEST = pytest.StashKey["str | None"]()
+
+
+@pytest.fixture(autouse=True)
+def own_user_state(
+    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> dict[str, str]:
+    """This test's own XDG_STATE_HOME, XDG_CONFIG_HOME and XDG_DATA_HOME, set in os.environ (and
+    so in what subprocesses inherit) and in `slurm_env`."""
+    home = tmp_path_factory.mktemp("user")
+    env = {name: str(home / name.lower()) for name in USER_STATE_VARS}
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    return env
+
+
+def lab_generations() -> tuple[str, ...]:
+    """The generations to run the cluster tests on: both, or the one SLURMDDP_LAB_SLURM names."""
+    chosen = os.environ.get("SLURMDDP_LAB_SLURM")
+    if not chosen:
+        return GENERATIONS
+    if chosen not in GENERATIONS:
+        raise pytest.UsageError(f"SLURMDDP_LAB_SLURM={chosen}: the lab runs {' or '.join(GENERATIONS)}")
+    return (chosen,)
+
+
+def lab_instance() -> str:
+    """This process's lab instance: 0, or under xdist worker gwN its own N+1 (SLURMDDP_LAB_INSTANCE)."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    return str(int(worker.removeprefix("gw")) + 1) if worker.startswith("gw") else "0"
+
+
+def worker_job_id(n: int) -> int:
+    """Fake SLURM_JOB_ID `n` (below 1000) made this process's own: ranks derive MASTER_PORT from
+    the job id, and the ranks of two xdist workers must not pick the same port on this machine."""
+    return 1000 * int(lab_instance()) + n
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "slurm_generation" in metafunc.fixturenames:
+        # Module scope: a module's reference runs are made once per generation.
+        metafunc.parametrize("slurm_generation", lab_generations(), scope="module")
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's loadgroup reads the xdist_group marks
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if "slurm_env" in getattr(item, "fixturenames", ()) and item.get_closest_marker("slurm") is None:
             item.add_marker(pytest.mark.slurm)
+        callspec = getattr(item, "callspec", None)
+        if callspec is not None and "slurm_generation" in callspec.params:
+            module = item.nodeid.split("::", 1)[0]
+            item.add_marker(pytest.mark.xdist_group(f"{module}[{callspec.params['slurm_generation']}]"))
 
 
-def _lab_command_env() -> dict[str, str]:
-    # Several sessions may share the lab; `down` stops it only when no live holder is left.
-    return {**os.environ, "SLURMDDP_LAB_HOLDER": str(os.getpid())}
+class Labs:
+    """The labs this process started, one per generation, each on first use; `up`'s outcome
+    (its environment, or the skip or failure) is kept, so a lab that cannot start is tried once."""
 
+    def __init__(self) -> None:
+        self.outcomes: dict[str, dict[str, str] | BaseException] = {}
 
-def _run_down() -> None:
-    proc = subprocess.run(
-        [str(LAB_DOWN)],
-        env=_lab_command_env(),
-        capture_output=True,
-        text=True,
-        timeout=DOWN_TIMEOUT_S,
-        check=False,
-    )
-    if proc.returncode != 0:
-        # A finalizer that raises would hide the test results; say it loudly instead.
-        print(f"\n{LAB_DOWN} exited {proc.returncode}:\n{proc.stdout}{proc.stderr}")
+    def command_env(self, generation: str) -> dict[str, str]:
+        # Several sessions may share a lab; `down` stops it only when no live holder is left.
+        return {
+            **os.environ,
+            "SLURMDDP_LAB_HOLDER": str(os.getpid()),
+            "SLURMDDP_LAB_SLURM": generation,
+            "SLURMDDP_LAB_INSTANCE": lab_instance(),
+        }
+
+    def env(self, generation: str) -> dict[str, str]:
+        if generation not in self.outcomes:
+            try:
+                self.outcomes[generation] = self.up(generation)
+            except (pytest.skip.Exception, pytest.fail.Exception) as exc:
+                self.outcomes[generation] = exc
+        outcome = self.outcomes[generation]
+        if isinstance(outcome, BaseException):
+            raise outcome
+        return outcome
+
+    def up(self, generation: str) -> dict[str, str]:
+        try:
+            proc = subprocess.run(
+                [str(LAB_UP)],
+                env=self.command_env(generation),
+                capture_output=True,
+                text=True,
+                timeout=UP_TIMEOUT_S,
+                check=False,
+            )
+        except subprocess.TimeoutExpired as exc:
+            pytest.fail(
+                f"{LAB_UP} ({generation}) did not finish in {UP_TIMEOUT_S}s:\n{exc.stderr!r}", pytrace=False
+            )
+        if proc.returncode == EXIT_CANNOT_RUN:
+            lines = proc.stderr.strip().splitlines()
+            reason = lines[-1] if lines else f"{LAB_UP} exited {EXIT_CANNOT_RUN}"
+            if os.environ.get("CI", "").lower() == "true":
+                pytest.fail(f"CI must run the Slurm {generation} lab, but: {reason}", pytrace=False)
+            pytest.skip(reason)
+        stdout_lines = proc.stdout.strip().splitlines()
+        last = stdout_lines[-1] if stdout_lines else ""
+        if proc.returncode != 0 or not last.startswith(EXPORT_PREFIX):
+            pytest.fail(
+                f"{LAB_UP} ({generation}) exited {proc.returncode}\n--- stdout\n{proc.stdout}"
+                f"--- stderr\n{proc.stderr}",
+                pytrace=False,
+            )
+        # Job variables of a surrounding allocation (pytest run inside a Slurm job) must not leak
+        # into the sbatch/srun calls of the tests.
+        env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+        env.update(lab_exports(last, env))
+        return env
+
+    def down(self) -> None:
+        for generation in self.outcomes:  # also after a failed or half-finished `up`
+            proc = subprocess.run(
+                [str(LAB_DOWN)],
+                env=self.command_env(generation),
+                capture_output=True,
+                text=True,
+                timeout=DOWN_TIMEOUT_S,
+                check=False,
+            )
+            if proc.returncode != 0:
+                # A finalizer that raises would hide the test results; say it loudly instead.
+                print(f"\n{LAB_DOWN} ({generation}) exited {proc.returncode}:\n{proc.stdout}{proc.stderr}")
 
 
 @pytest.fixture(scope="session")
-def slurm_env(request: pytest.FixtureRequest) -> dict[str, str]:
-    """os.environ plus SLURM_CONF pointing at the running lab cluster.
+def labs(request: pytest.FixtureRequest) -> Labs:
+    """The labs of this session; SLURMDDP_LAB_KEEP=1 leaves them running after it."""
+    started = Labs()
+    if os.environ.get("SLURMDDP_LAB_KEEP") != "1":
+        request.addfinalizer(started.down)
+    return started
+
+
+@pytest.fixture(scope="module")
+def slurm_lab(labs: Labs, slurm_generation: str) -> dict[str, str]:
+    """The session's environment plus SLURM_CONF (and for 24.11 the client commands on PATH) of
+    the running lab of this generation. For module-scoped fixtures; tests use `slurm_env`.
 
     Skips when the machine cannot run the lab (`up` exits 77), except under CI=true, where that
-    fails. SLURMDDP_LAB_KEEP=1 leaves the cluster running after the session.
-    """
-    if os.environ.get("SLURMDDP_LAB_KEEP") != "1":
-        request.addfinalizer(_run_down)  # also after a failed or half-finished `up`
-    try:
-        proc = subprocess.run(
-            [str(LAB_UP)],
-            env=_lab_command_env(),
-            capture_output=True,
-            text=True,
-            timeout=UP_TIMEOUT_S,
-            check=False,
-        )
-    except subprocess.TimeoutExpired as exc:
-        pytest.fail(f"{LAB_UP} did not finish in {UP_TIMEOUT_S}s:\n{exc.stderr!r}", pytrace=False)
-    if proc.returncode == EXIT_CANNOT_RUN:
-        lines = proc.stderr.strip().splitlines()
-        reason = lines[-1] if lines else f"{LAB_UP} exited {EXIT_CANNOT_RUN}"
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail(f"CI must run the Slurm lab, but: {reason}", pytrace=False)
-        pytest.skip(reason)
-    stdout_lines = proc.stdout.strip().splitlines()
-    last = stdout_lines[-1] if stdout_lines else ""
-    if proc.returncode != 0 or not last.startswith(EXPORT_PREFIX):
-        pytest.fail(
-            f"{LAB_UP} exited {proc.returncode}\n--- stdout\n{proc.stdout}--- stderr\n{proc.stderr}",
-            pytrace=False,
-        )
-    # Job variables of a surrounding allocation (pytest run inside a Slurm job) must not leak into
-    # the sbatch/srun calls of the tests.
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
-    env.update(lab_exports(last, env))
-    return env
+    fails."""
+    return labs.env(slurm_generation)
+
+
+@pytest.fixture
+def slurm_env(slurm_lab: dict[str, str], own_user_state: dict[str, str]) -> dict[str, str]:
+    """`slurm_lab` with this test's own user state directories."""
+    return {**slurm_lab, **own_user_state}
 
 
 def lab_exports(line: str, env: Mapping[str, str]) -> dict[str, str]:

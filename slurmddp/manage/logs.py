@@ -12,6 +12,8 @@ from slurmddp.manage import runs
 from slurmddp.manage.runs import RunState
 
 FOLLOW_POLL_S = 1.0
+WRITING_STATES: frozenset[slurm.JobState] = frozenset({"RUNNING", "COMPLETING", "SUSPENDED"})
+"""Slurm states in which a job's processes may still write to its logs."""
 
 
 def log_path(element: runs.Run, rank: int, stream: str) -> Path:
@@ -50,10 +52,18 @@ def _copy_new(path: Path, position: int, out: TextIO) -> int:
     return position + len(data)
 
 
+def _slurm_states(target: runs.Target, element: runs.Run) -> dict[str, slurm.JobState]:
+    return slurm.job_states([element.job_id]) if target.executor == "slurm" and element.job_id else {}
+
+
 def _state(target: runs.Target, element: runs.Run) -> RunState:
-    known = slurm.job_states([element.job_id]) if target.executor == "slurm" and element.job_id else {}
-    return runs.element_state(target, element, known)
+    return runs.element_state(target, element, _slurm_states(target, element))
 
 
 def _active(target: runs.Target, element: runs.Run) -> bool:
-    return _state(target, element) in runs.ACTIVE_STATES
+    known = _slurm_states(target, element)
+    # The run's final record is written by its batch script, which can be before slurmstepd has
+    # written its last lines (the "CANCELLED AT" notice) into the rank logs: follow until Slurm,
+    # too, says the job's processes are gone.
+    still_writing = element.job_id is not None and known.get(element.job_id) in WRITING_STATES
+    return still_writing or runs.element_state(target, element, known) in runs.ACTIVE_STATES

@@ -63,7 +63,6 @@ def test_synthetic_two_nodes_matches_single_process(slurm_env: dict[str, str], t
         torch.testing.assert_close(multi[key], tensor, rtol=1e-9, atol=1e-10)
 
 
-@pytest.mark.generations
 def test_torchrun_script_gets_the_rank_variables(slurm_env: dict[str, str], tmp_path: Path) -> None:
     out = tmp_path / "runs"
     proc = slurmddp(slurm_env, tmp_path, "submit", str(TORCHRUN), f"output_dir={out}", "--wait")
@@ -105,7 +104,6 @@ def test_module_entrypoint_runs_across_two_nodes(slurm_env: dict[str, str], tmp_
         assert seen["env"]["RANK"] == str(rank) and seen["env"]["MASTER_ADDR"] == hosts[0]
 
 
-@pytest.mark.generations
 @pytest.mark.parametrize(
     ("binding", "visible", "devices"),
     [("node", ["0,1", "0,1"], ["cuda:0", "cuda:1"]), ("task", ["0", "1"], ["cuda:0", "cuda:0"])],
@@ -144,7 +142,6 @@ def test_fake_gpus_pick_the_right_device_and_fabric(
     assert "8 InfiniBand HCAs (7 active" in proc.stdout  # logged by the node's first rank
 
 
-@pytest.mark.generations
 def test_dryrun_shows_the_script_that_is_submitted(
     slurm_env: dict[str, str], tmp_path: Path, slurm_wait: Callable[..., str]
 ) -> None:

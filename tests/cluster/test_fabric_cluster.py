@@ -82,7 +82,6 @@ def test_an_unreachable_bandwidth_floor_fails_with_the_measured_link(
     assert all(link["gbps"] > 0 for link in record["links"]) and record["bus_gbps"] > 0
 
 
-@pytest.mark.generations
 def test_doctor_reports_the_lab_settings(slurm_env: dict[str, str], tmp_path: Path) -> None:
     proc = slurmddp(slurm_env, tmp_path, "doctor")
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -112,7 +111,6 @@ def test_doctor_reports_the_lab_settings(slurm_env: dict[str, str], tmp_path: Pa
         assert any(line.split()[:2] == ["OK", tool] for line in lines), tool
 
 
-@pytest.mark.generations
 def test_doctor_probe_sees_the_stop_signal_on_every_rank(slurm_env: dict[str, str], tmp_path: Path) -> None:
     out = tmp_path / "runs"
     started = time.monotonic()
@@ -132,7 +130,6 @@ def test_doctor_probe_sees_the_stop_signal_on_every_rank(slurm_env: dict[str, st
     assert elapsed < 60, f"the probe took {elapsed:.0f} s"
 
 
-@pytest.mark.generations
 def test_mpi_launcher_on_slurm_runs_ddp_across_two_nodes(slurm_env: dict[str, str], tmp_path: Path) -> None:
     listed = subprocess.run(["srun", "--mpi=list"], env=slurm_env, capture_output=True, text=True)
     plugins = listed.stdout + listed.stderr  # Slurm 22.05 prints the list on stderr

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from conftest import LAB_UP, lab_exports
 
-pytestmark = [pytest.mark.slurm, pytest.mark.generations]
+pytestmark = pytest.mark.slurm
 
 NODES = ("node1", "node2", "node3")
 

@@ -98,7 +98,6 @@ def experiment(folder: Path, entrypoint: str, nodes: int, tasks: int, extra: str
     return path
 
 
-@pytest.mark.generations
 def test_a_script_rank_that_aborts_is_a_failure_not_a_time_limit(
     slurm_env: dict[str, str], tmp_path: Path
 ) -> None:
@@ -199,7 +198,6 @@ dist.destroy_process_group()
 )
 
 
-@pytest.mark.generations
 def test_a_script_that_ended_and_then_died_in_python_shutdown_completed(
     slurm_env: dict[str, str], tmp_path: Path
 ) -> None:
@@ -346,7 +344,6 @@ def poll(what: str, check: Callable[[], bool], timeout: float = 180) -> None:
         time.sleep(0.5)
 
 
-@pytest.mark.generations
 def test_a_node_that_fails_under_a_job_is_left_out_of_its_later_attempts(
     slurm_env: dict[str, str], tmp_path: Path
 ) -> None:

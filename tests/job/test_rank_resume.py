@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import QUICKSTART
+from conftest import QUICKSTART, worker_job_id
 from resume_train import STOP_AT_ENV
 
 from slurmddp.defaults import LOCAL_REQUEUE_STATUS
@@ -23,6 +23,8 @@ from slurmddp.defaults import LOCAL_REQUEUE_STATUS
 HERE = Path(__file__).resolve().parent
 TRAIN = f"{HERE / 'resume_train.py'}:train"
 QUICKSTART_TRAIN = f"{HERE / 'resume_quickstart.py'}:train"
+# The uninterrupted and the stopped run's job ids (their ranks' MASTER_PORT comes from them).
+WHOLE, STOPPED = worker_job_id(101), worker_job_id(202)
 QUICKSTART_SETTINGS = [
     "train.epochs=3",
     "train.log_every=1",
@@ -108,14 +110,14 @@ ON_CPU_AND_GPU = pytest.mark.parametrize(
 
 @ON_CPU_AND_GPU
 def test_a_stopped_rank_resumes_onto_the_uninterrupted_weights(tmp_path: Path, cuda: bool) -> None:
-    whole = attempt(tmp_path / "whole", 101, 0, cuda)
+    whole = attempt(tmp_path / "whole", WHOLE, 0, cuda)
     assert whole is not None and whole["device"] == ("cuda:0" if cuda else "cpu")
     # The signal lands during step 11; every rank agrees at the next boundary, saves there and
     # exits asking to be run again (executor "local": no scontrol requeue from a test).
-    assert attempt(tmp_path / "stopped", 202, 0, cuda, stop_at=11) is None
+    assert attempt(tmp_path / "stopped", STOPPED, 0, cuda, stop_at=11) is None
     stop = json.loads((tmp_path / "stopped" / "stop.json").read_text())
     assert stop["signal"] == "SIGUSR2" and stop["step"] == 13
-    resumed = attempt(tmp_path / "stopped", 202, 1, cuda)
+    resumed = attempt(tmp_path / "stopped", STOPPED, 1, cuda)
     assert resumed is not None
     assert resumed["digest"] == whole["digest"] and resumed["loss"] == whole["loss"]
     assert resumed["device"] == whole["device"]
@@ -126,13 +128,13 @@ def test_the_quickstart_stopped_mid_epoch_resumes_onto_the_uninterrupted_weights
     tmp_path: Path, cuda: bool
 ) -> None:
     settings = (*QUICKSTART_SETTINGS, f"train.global_batch={64 if cuda else 32}")
-    whole = attempt(tmp_path / "whole", 101, 0, cuda, function=QUICKSTART_TRAIN, overrides=settings)
+    whole = attempt(tmp_path / "whole", WHOLE, 0, cuda, function=QUICKSTART_TRAIN, overrides=settings)
     assert whole is not None
     # Steps per epoch: 1437 // 32 = 44 (// 64 = 22); step 30 is mid-epoch either way.
-    stopped = attempt(tmp_path / "stopped", 202, 0, cuda, 30, QUICKSTART_TRAIN, settings)
+    stopped = attempt(tmp_path / "stopped", STOPPED, 0, cuda, 30, QUICKSTART_TRAIN, settings)
     assert stopped is None
     stop = json.loads((tmp_path / "stopped" / "stop.json").read_text())
-    resumed = attempt(tmp_path / "stopped", 202, 1, cuda, function=QUICKSTART_TRAIN, overrides=settings)
+    resumed = attempt(tmp_path / "stopped", STOPPED, 1, cuda, function=QUICKSTART_TRAIN, overrides=settings)
     assert resumed is not None and 30 < stop["step"] < 44
     assert resumed["param_sha256"] == whole["param_sha256"]
     assert resumed["val_acc"] == whole["val_acc"] and resumed["val_loss"] == whole["val_loss"]

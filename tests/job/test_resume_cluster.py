@@ -103,15 +103,14 @@ def rank_pid(run: Path, rank: int) -> int:
 
 
 @pytest.fixture(scope="module")
-def reference(slurm_env: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> str:
+def reference(slurm_lab: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> str:
     """The uninterrupted run's final parameter hash."""
     out = tmp_path_factory.mktemp("reference") / "runs"
-    run = submit(slurm_env, out, *COMMON)
-    assert wait_for_job(job_id(run), slurm_env, timeout=300) == "COMPLETED"
+    run = submit(slurm_lab, out, *COMMON)
+    assert wait_for_job(job_id(run), slurm_lab, timeout=300) == "COMPLETED"
     return final_hash(run)
 
 
-@pytest.mark.generations
 def test_preempted_twice_resumes_bit_exact(slurm_env: dict[str, str], tmp_path: Path, reference: str) -> None:
     run = submit(slurm_env, tmp_path / "runs", *COMMON)
     for threshold in (200, 600):
@@ -135,7 +134,6 @@ def assert_no_step_lost(run: Path) -> None:
     assert resumed == stopped and stopped, (resumed, stopped)
 
 
-@pytest.mark.generations
 def test_time_limit_requeues_and_resumes_bit_exact(
     slurm_env: dict[str, str], tmp_path: Path, reference: str
 ) -> None:
@@ -225,7 +223,6 @@ def test_interrupt_command_sends_what_slurm_would(slurm_env: dict[str, str], tmp
     assert proc.returncode == 2 and "no longer in the queue" in proc.stderr, proc.stderr
 
 
-@pytest.mark.generations
 def test_torchrun_script_is_stopped_requeued_and_resumes_from_its_snapshot(
     slurm_env: dict[str, str], tmp_path: Path
 ) -> None:

@@ -125,10 +125,10 @@ def world(request: pytest.FixtureRequest) -> int:
 
 
 @pytest.fixture(scope="module")
-def reference(world: int, slurm_env: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> Path:
+def reference(world: int, slurm_lab: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The uninterrupted run with the same settings."""
-    run = submit(slurm_env, tmp_path_factory.mktemp(f"reference-{world}") / "runs", *layout(world))
-    assert wait_for_job(job_id(run), slurm_env, timeout=RUN_TIMEOUT_S) == "COMPLETED"
+    run = submit(slurm_lab, tmp_path_factory.mktemp(f"reference-{world}") / "runs", *layout(world))
+    assert wait_for_job(job_id(run), slurm_lab, timeout=RUN_TIMEOUT_S) == "COMPLETED"
     return run
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, SYNTHETIC, only_run, slurmddp, wait_for_job, wait_until
 
-pytestmark = [pytest.mark.slurm, pytest.mark.generations]
+pytestmark = pytest.mark.slurm
 
 # From rank 0's end record (written once the stop's checkpoint is durable) to the allocation's end:
 # scontrol requeue, then the job's processes are killed; sacct's End has a 1 s resolution.

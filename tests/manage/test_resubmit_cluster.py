@@ -20,7 +20,7 @@ from quickstart_runs import (
     validation_history,
 )
 
-pytestmark = [pytest.mark.slurm, pytest.mark.generations]
+pytestmark = pytest.mark.slurm
 
 # Steps take ~10 ms here: 30 epochs leave over 600 steps (>6 s) after the stop is asked for at a
 # step under 44, time for `interrupt` to start and signal (6 epochs left 1 s: seen too short on 24.11).

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import csv
 import json
-import os
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -98,10 +97,10 @@ def test_weak_scaling_agrees_with_the_jobs_own_step_records(
 @pytest.fixture
 def slow_node3(slurm_env: dict[str, str]) -> Iterator[str]:
     """Both directions of node3's link limited to 100 Mbit/s: the bridge side of its veth and
-    its own eth0, inside the lab's namespace (the 24.11 lab's names differ: tests/slurm_lab/trixie.sh)."""
-    prefix = "slurmddp24-" if os.environ.get("SLURMDDP_LAB_SLURM", "22.05") == "24.11" else "slurmddp-"
-    devices = [["tc"], ["nsenter", f"--net=/run/netns/{prefix}node3", "tc"]]
-    names = [f"{prefix}n3", "eth0"]
+    its own eth0, inside the lab's namespace (each lab names its own: tests/slurm_lab/up)."""
+    netns, veth = slurm_env["SLURMDDP_LAB_NETNS_PREFIX"], slurm_env["SLURMDDP_LAB_VETH_PREFIX"]
+    devices = [["tc"], ["nsenter", f"--net=/run/netns/{netns}node3", "tc"]]
+    names = [f"{veth}3", "eth0"]
     for tc, dev in zip(devices, names, strict=True):
         subprocess.run(
             [

@@ -173,7 +173,6 @@ def final_hash(run: Path) -> str:
     return hashes.pop()
 
 
-@pytest.mark.generations
 def test_a_preempted_element_alone_is_requeued_and_resumes_exactly(
     slurm_env: dict[str, str], tmp_path: Path
 ) -> None:
@@ -253,7 +252,6 @@ def test_a_preempted_element_alone_is_requeued_and_resumes_exactly(
     assert final_hash(dirs[1]) == final_hash(dirs[0]) == final_hash(dirs[2])
 
 
-@pytest.mark.generations
 def test_cancel_one_element_and_resubmit_exactly_the_failed_one(
     slurm_env: dict[str, str], tmp_path: Path
 ) -> None:

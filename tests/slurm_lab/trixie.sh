@@ -4,8 +4,8 @@
 # How it works: the root (SLURMDDP_LAB_ROOT, default /var/cache/slurmddp-lab/trixie-root) is built
 # once per machine and kept. Two directories of wrappers are put first on up's PATH, so the rest of
 # up runs unchanged:
-#   $LAB/sbin: the daemons and admin tools (munged, mungekey, mariadbd, mariadb-install-db, mariadb,
-#              slurmdbd, slurmctld, slurmd), each run through ./in_root: chroot into the root, in a
+#   $LAB/sbin: the daemons and admin tools (munged, mungekey, slurmdbd, slurmctld, slurmd), each run
+#              through ./in_root: chroot into the root, in a
 #              private mount namespace where the project, the lab state, the Python interpreter,
 #              $HOME, /tmp, /dev, /proc, /sys are bind-mounted at their own paths (jobs run there).
 #   $LAB/bin:  the Slurm client commands, run on the machine itself through the root's dynamic
@@ -13,6 +13,12 @@
 #              plugins come from PluginDir=$ROOT/usr/lib/.../slurm-wlm (written into slurm.conf);
 #              inside the root, $ROOT is a symlink to / so the same PluginDir and the same wrappers
 #              work for the daemons and for jobs too.
+# MariaDB is not in the root: the lab runs the machine's own (Debian 12's 10.11, which the 22.05
+# lab uses too), so the root does not depend on the MariaDB point release trixie ships. Trixie's
+# 11.8.9 server made slurmdbd 24.11.5 die at start (`select @var := concat('')` answered with
+# "5027 Number of columns in result (=1) set execeeds maxmimum allowed number of columns (=0)",
+# over TCP and over the socket alike), while the same slurmdbd and client library work against
+# 10.11.
 # Everything else (namespaces, bridge, ports, state directory) gets its own name, so a 22.05 lab
 # and a 24.11 lab can run at the same time.
 # shellcheck shell=bash
@@ -28,27 +34,30 @@ esac
 # NB: the state directory's name must not start with the 22.05 lab's ($SCRIPT_DIR/.lab): up's
 # lost_daemons() takes every slurm daemon whose command line or environment *contains* its $LAB as
 # its own, so a 22.05 `down` would kill the 24.11 daemons of $SCRIPT_DIR/.lab-24.11.
-LAB=${SLURMDDP_LAB_DIR:-$SCRIPT_DIR/.slurm-24.11}
-SUBNET=${SLURMDDP_LAB_SUBNET:-10.201.0}
-NS_PREFIX=slurmddp24-        # slurmddp24-node1 ... (the hostnames inside stay node1 ...)
-BRIDGE=slurmddp1
-VETH_PREFIX=slurmddp24-n     # IFNAMSIZ is 16: slurmddp24-n1 is 13
-CTLD_PORT=16827
-SLURMD_PORT=16828
-DBD_PORT=16829
-MYSQL_PORT=16316
+LAB=${SLURMDDP_LAB_DIR:-$SCRIPT_DIR/.slurm-24.11$SFX}
+SUBNET=${SLURMDDP_LAB_SUBNET:-10.201.$INSTANCE}
+NS_PREFIX=slurmddp24$SFX-    # slurmddp24-node1 ... (the hostnames inside stay node1 ...)
+BRIDGE=slurmddp1$SFX
+VETH_PREFIX=slurmddp24$SFX-n # IFNAMSIZ is 16: slurmddp24-9-n1 is 15
+CTLD_PORT=$((PORT_BASE + 27))
+SLURMD_PORT=$((PORT_BASE + 28))
+DBD_PORT=$((PORT_BASE + 29))
+# The machine's MariaDB server (see above); everything else comes from the root.
+PACKAGES=(mariadb-server)
 ROOT=${SLURMDDP_LAB_ROOT:-/var/cache/slurmddp-lab/trixie-root}
 export SLURMDDP_LAB_ROOT=$ROOT
-TRIXIE_PACKAGES=(slurmctld slurmd slurm-client munge slurmdbd mariadb-server
+# The Slurm release this lab is for: a root whose slurmctld says otherwise (the mirror moved on) is
+# refused with that cause rather than run as if it were 24.11.
+SLURM_SERIES=24.11
+TRIXIE_PACKAGES=(slurmctld slurmd slurm-client munge slurmdbd
   # what a Python built on Debian 12 (pyenv, venv) loads besides libc, so it runs inside the root
   libffi8 libbz2-1.0 liblzma5 zlib1g libssl3t64 libsqlite3-0 libreadline8t64 libncursesw6 libuuid1
   libcrypt1 libexpat1
   # what jobs call besides Python (provenance records `git`; ps for debugging)
   git procps)
-# mmdebstrap options besides the packages: no docs, man pages or translations; no system MariaDB
-# datadir (the lab makes its own): ~420 MB instead of ~650 MB.
+# mmdebstrap options besides the packages: no docs, man pages or translations.
 TRIXIE_OPTS=(--dpkgopt='path-exclude=/usr/share/doc/*' --dpkgopt='path-exclude=/usr/share/man/*'
-  --dpkgopt='path-exclude=/usr/share/locale/*' --customize-hook='rm -rf "$1/var/lib/mysql"')
+  --dpkgopt='path-exclude=/usr/share/locale/*')
 # What the root was built from, kept in ROOT/.slurmddp-lab-complete: a change rebuilds it.
 TRIXIE_RECIPE="${TRIXIE_PACKAGES[*]} ${TRIXIE_OPTS[*]}"
 SLURM_LIBDIR=/usr/lib/x86_64-linux-gnu/slurm-wlm
@@ -80,8 +89,27 @@ trixie_mirror() {  # the machine's own Debian mirror, from its apt sources (SLUR
 }
 
 trixie_root_ok() {
-  [[ -x $ROOT/usr/sbin/slurmctld && -x $ROOT/usr/sbin/mariadbd &&
+  [[ -x $ROOT/usr/sbin/slurmctld && -x $ROOT/usr/sbin/slurmdbd &&
     $(cat -- "$ROOT/.slurmddp-lab-complete" 2>/dev/null) == "$TRIXIE_RECIPE" ]]
+}
+
+trixie_check_release() {  # the root's Slurm is of SLURM_SERIES, or the lab stops here saying so
+  local version
+  version=$(chroot "$ROOT" /usr/sbin/slurmctld -V 2>&1) ||
+    { trixie_say "error: the root's slurmctld does not run: $version (rebuild: rm -rf $ROOT)"; exit 1; }
+  if [[ $version != "slurm-wlm $SLURM_SERIES."* && $version != "slurm $SLURM_SERIES."* ]]; then
+    trixie_say "error: the root $ROOT holds $version, not Slurm $SLURM_SERIES: the mirror's trixie moved to another release; this lab and docs/slurm-versions.md are written for $SLURM_SERIES"
+    exit 1
+  fi
+}
+
+trixie_users() {  # PIDs running inside the root (the daemons and jobs of any 24.11 lab instance)
+  local f
+  [[ -d $ROOT ]] || return 0
+  for f in /proc/[0-9]*/root; do
+    [[ $(readlink -- "$f" 2>/dev/null) == "$ROOT" ]] && { f=${f#/proc/}; printf '%s ' "${f%/root}"; }
+  done
+  return 0
 }
 
 trixie_build_root() {
@@ -100,16 +128,16 @@ trixie_build_root() {
         { apt-get update -q >&2 && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends mmdebstrap >&2; } ||
         { trixie_say "cannot run here: apt-get install mmdebstrap failed"; exit 77; }
     fi
-    local pid
-    pid=$(tr -dc '0-9' <"$LAB/run/slurmctld.pid" 2>/dev/null) || pid=
-    if [[ -d $ROOT && -n $pid && -d /proc/$pid ]]; then
-      trixie_say "the root $ROOT must be rebuilt (package list or options changed), but the 24.11 lab runs from it: stop it first (SLURMDDP_LAB_SLURM=24.11 $SCRIPT_DIR/down)"
+    local users
+    users=$(trixie_users)
+    if [[ -n $users ]]; then
+      trixie_say "the root $ROOT must be rebuilt (package list or options changed), but processes run inside it (a 24.11 lab: pids $users): stop it first (SLURMDDP_LAB_SLURM=24.11 $SCRIPT_DIR/down)"
       exit 1
     fi
     mirror=$(trixie_mirror) || { trixie_say "cannot run here: no Debian mirror found in the apt sources (set SLURMDDP_LAB_MIRROR)"; exit 77; }
     tmp=$ROOT.tmp.$$
     rm -rf -- "$tmp" "$ROOT"
-    trixie_say "building the Debian trixie root $ROOT from $mirror (about a minute, ~420 MB)"
+    trixie_say "building the Debian trixie root $ROOT from $mirror (about 30 s, ~350 MB)"
     local IFS=,
     if ! mmdebstrap --variant=apt --include="${TRIXIE_PACKAGES[*]}" "${TRIXIE_OPTS[@]}" trixie "$tmp" \
       "deb $mirror trixie main" >&2; then
@@ -179,9 +207,14 @@ trixie_wrappers() {
     trixie_put "$LAB/bin/$b" "#!/bin/sh
 exec $ld --library-path $libs --argv0 $b $ROOT/usr/bin/$b \"\$@\""
   done
-  for name in munged mungekey mariadbd mariadb-install-db mariadb slurmdbd slurmctld slurmd; do
+  local daemons=(munged mungekey slurmdbd slurmctld slurmd)
+  for name in "${daemons[@]}"; do
     trixie_put "$LAB/sbin/$name" "#!/bin/sh
 SLURMDDP_LAB_ROOT=$ROOT SLURMDDP_LAB_BINDS=$TRIXIE_BINDS exec $in_root $name \"\$@\""
+  done
+  # A wrapper an older recipe made (mariadbd, when the root held MariaDB) would hide the machine's.
+  for b in "$LAB"/sbin/*; do
+    [[ " ${daemons[*]} " == *" ${b##*/} "* ]] || rm -f -- "$b"
   done
 }
 
@@ -197,6 +230,7 @@ lab_adapt_conf() {
 
 if [[ ${1:-} != --down && $EUID -eq 0 ]]; then
   trixie_build_root
+  trixie_check_release
   TRIXIE_BINDS=$(trixie_binds)
   trixie_wrappers
 fi
