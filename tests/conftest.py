@@ -253,6 +253,8 @@ class Labs:
         # into the sbatch/srun calls of the tests.
         env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
         env.update(lab_exports(last, env))
+        # A test that runs `up` or `down` itself reaches this lab with them.
+        env.update(SLURMDDP_LAB_SLURM=generation, SLURMDDP_LAB_INSTANCE=lab_instance())
         return env
 
     def down(self) -> None:

@@ -210,8 +210,28 @@ def test_crash_at_the_same_step_stops(slurm_env: dict[str, str], tmp_path: Path)
     assert "crashed at step 30 twice" in records[-1]["message"]
 
 
+# The first attempt crawls once it is past step 50, so that the interrupt sent then always lands
+# before it ends (run at full speed, 400 steps took 4 s, and on a loaded machine the interrupt
+# came after the end).
+CRAWLS_AFTER_STEP_50 = """import time
+
+
+def main(ctx):
+    for step in ctx.loop(ctx.train.steps):
+        if ctx.restart_count == 0 and step > 50:
+            time.sleep(0.1)
+        ctx.log(step, value=step)
+    return {}
+"""
+
+
 def test_interrupt_command_sends_what_slurm_would(slurm_env: dict[str, str], tmp_path: Path) -> None:
-    run = submit(slurm_env, tmp_path / "runs", "train.steps=400", "resources.nodes=1")
+    (tmp_path / "crawl.py").write_text(CRAWLS_AFTER_STEP_50)
+    exp = tmp_path / "crawl.yaml"
+    exp.write_text(
+        "entrypoint: crawl.py:main\nresources: {nodes: 1, tasks_per_node: 2}\ntrain: {steps: 400}\n"
+    )
+    run = submit(slurm_env, tmp_path / "runs", experiment=exp)
     wait_until("step 50", lambda: progress_step(run) >= 50)
     proc = slurmddp(slurm_env, tmp_path, "interrupt", job_id(run), "--preempt", timeout=60)
     assert proc.returncode == 0, proc.stderr

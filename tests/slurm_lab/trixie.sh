@@ -124,8 +124,8 @@ trixie_build_root() {
         exit 77
       fi
       trixie_say "installing mmdebstrap"
-      DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends mmdebstrap >&2 ||
-        { apt-get update -q >&2 && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends mmdebstrap >&2; } ||
+      lab_apt_get install -y -q --no-install-recommends mmdebstrap >&2 ||
+        { lab_apt_get update -q >&2 && lab_apt_get install -y -q --no-install-recommends mmdebstrap >&2; } ||
         { trixie_say "cannot run here: apt-get install mmdebstrap failed"; exit 77; }
     fi
     local users
