@@ -10,4 +10,6 @@ python3 -m venv "$work/venv"
 "$work/venv/bin/python" -m pip install -q torch==2.13.0
 "$work/venv/bin/python" -m pip install -q "$root"
 cd "$work"
+# The run goes into this throwaway directory's index of submissions, not the user's own.
+export XDG_STATE_HOME="$work/state"
 "$work/venv/bin/python" -m slurmddp submit "$root/examples/quickstart.yaml" executor=local "output_dir=$work/runs"

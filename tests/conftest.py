@@ -201,14 +201,18 @@ class Labs:
     def __init__(self) -> None:
         self.outcomes: dict[str, dict[str, str] | BaseException] = {}
 
-    def command_env(self, generation: str) -> dict[str, str]:
+    def run(self, script: Path, generation: str, timeout: float) -> subprocess.CompletedProcess[str]:
+        """`up` or `down` of this process's lab of `generation`."""
         # Several sessions may share a lab; `down` stops it only when no live holder is left.
-        return {
+        env = {
             **os.environ,
             "SLURMDDP_LAB_HOLDER": str(os.getpid()),
             "SLURMDDP_LAB_SLURM": generation,
             "SLURMDDP_LAB_INSTANCE": lab_instance(),
         }
+        return subprocess.run(
+            [str(script)], env=env, capture_output=True, text=True, timeout=timeout, check=False
+        )
 
     def env(self, generation: str) -> dict[str, str]:
         if generation not in self.outcomes:
@@ -223,14 +227,7 @@ class Labs:
 
     def up(self, generation: str) -> dict[str, str]:
         try:
-            proc = subprocess.run(
-                [str(LAB_UP)],
-                env=self.command_env(generation),
-                capture_output=True,
-                text=True,
-                timeout=UP_TIMEOUT_S,
-                check=False,
-            )
+            proc = self.run(LAB_UP, generation, UP_TIMEOUT_S)
         except subprocess.TimeoutExpired as exc:
             pytest.fail(
                 f"{LAB_UP} ({generation}) did not finish in {UP_TIMEOUT_S}s:\n{exc.stderr!r}", pytrace=False
@@ -259,14 +256,7 @@ class Labs:
 
     def down(self) -> None:
         for generation in self.outcomes:  # also after a failed or half-finished `up`
-            proc = subprocess.run(
-                [str(LAB_DOWN)],
-                env=self.command_env(generation),
-                capture_output=True,
-                text=True,
-                timeout=DOWN_TIMEOUT_S,
-                check=False,
-            )
+            proc = self.run(LAB_DOWN, generation, DOWN_TIMEOUT_S)
             if proc.returncode != 0:
                 # A finalizer that raises would hide the test results; say it loudly instead.
                 print(f"\n{LAB_DOWN} ({generation}) exited {proc.returncode}:\n{proc.stdout}{proc.stderr}")
