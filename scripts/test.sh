@@ -2,10 +2,10 @@
 # Set up this machine for the test suite and run all of it: lint, types, unit tests, and the
 # real-Slurm tests on both lab generations (Slurm 22.05 and 24.11), which start (and stop) their own
 # 3-node clusters from tests/slurm_lab. Tests run in SLURMDDP_TEST_WORKERS pytest-xdist workers
-# (default 4), each with labs of its own: most lab time is waiting on the scheduler and on process
-# starts, not computing. Beside them, tests/slurm_lab/fresh_root_check builds the 24.11 root from
-# scratch and starts a lab from it (the cached root the tests use could hide a broken build;
-# SLURMDDP_FRESH_ROOT_CHECK=0 leaves it out).
+# (default 4), each with labs of its own: one lab test alone mostly waits (scheduler passes,
+# requeue gaps), four keep 2 cores ~98% busy. Beside them, tests/slurm_lab/fresh_root_check
+# builds the 24.11 root from scratch and starts a lab from it (the cached root the tests use could
+# hide a broken build; SLURMDDP_FRESH_ROOT_CHECK=0 leaves it out).
 # Extra arguments go to pytest, e.g. `scripts/test.sh -k hostlist`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
