@@ -31,9 +31,8 @@ case $SLURMDDP_LAB_SLURM in
     ;;
 esac
 
-# NB: the state directory's name must not start with the 22.05 lab's ($SCRIPT_DIR/.lab): up's
-# lost_daemons() takes every slurm daemon whose command line or environment *contains* its $LAB as
-# its own, so a 22.05 `down` would kill the 24.11 daemons of $SCRIPT_DIR/.lab-24.11.
+# NB: up's lost_daemons() takes every lab daemon whose command line or environment *contains*
+# "$LAB/" as its own: no state directory may lie inside another lab's.
 LAB=${SLURMDDP_LAB_DIR:-$SCRIPT_DIR/.slurm-24.11$SFX}
 SUBNET=${SLURMDDP_LAB_SUBNET:-10.201.$INSTANCE}
 NS_PREFIX=slurmddp24$SFX-    # slurmddp24-node1 ... (the hostnames inside stay node1 ...)
@@ -137,7 +136,7 @@ trixie_build_root() {
     mirror=$(trixie_mirror) || { trixie_say "cannot run here: no Debian mirror found in the apt sources (set SLURMDDP_LAB_MIRROR)"; exit 77; }
     tmp=$ROOT.tmp.$$
     rm -rf -- "$tmp" "$ROOT"
-    trixie_say "building the Debian trixie root $ROOT from $mirror (about 30 s, ~350 MB)"
+    trixie_say "building the Debian trixie root $ROOT from $mirror (30 s to 2 min, ~230 MB)"
     local IFS=,
     if ! mmdebstrap --variant=apt --include="${TRIXIE_PACKAGES[*]}" "${TRIXIE_OPTS[@]}" trixie "$tmp" \
       "deb $mirror trixie main" >&2; then
