@@ -196,7 +196,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 class Labs:
     """The labs this process started, one per generation, each on first use; `up`'s outcome
-    (its environment, or the skip or failure) is kept, so a lab that cannot start is tried once."""
+    (its environment, or the skip or failure) is kept, so a lab that cannot start is tried only
+    twice, not again for every module."""
 
     def __init__(self) -> None:
         self.outcomes: dict[str, dict[str, str] | BaseException] = {}
@@ -216,10 +217,17 @@ class Labs:
 
     def env(self, generation: str) -> dict[str, str]:
         if generation not in self.outcomes:
-            try:
-                self.outcomes[generation] = self.up(generation)
-            except (pytest.skip.Exception, pytest.fail.Exception) as exc:
-                self.outcomes[generation] = exc
+            for _ in range(2):
+                try:
+                    self.outcomes[generation] = self.up(generation)
+                    break
+                except pytest.skip.Exception as exc:
+                    self.outcomes[generation] = exc
+                    break
+                except pytest.fail.Exception as exc:
+                    # Once more: the next `up` tears a half-up lab down and starts it afresh (with
+                    # four labs starting at once, a MariaDB bootstrap once failed).
+                    self.outcomes[generation] = exc
         outcome = self.outcomes[generation]
         if isinstance(outcome, BaseException):
             raise outcome
