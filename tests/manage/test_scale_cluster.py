@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from conftest import slurmddp
+from omegaconf import OmegaConf
 
 from slurmddp.experiment.study import BATCH_KEY
 
@@ -19,6 +20,10 @@ pytestmark = pytest.mark.slurm
 ROOT = Path(__file__).resolve().parents[2]
 WORKLOAD = ROOT / "examples" / "sleep_compute.yaml"
 WARMUP = 3  # telemetry.warmup_steps' default: the same steps are left out of the own figures
+_TRAIN = OmegaConf.load(WORKLOAD).train
+BEFORE_FIRST_BUCKET_S = _TRAIN.compute_ms / 1000 * (1 / 3 + 2 / 3 / _TRAIN.layers)
+"""Forward's sleep (a third of the compute) and the last layer's backward (its share of the
+other two thirds): examples/sleep_compute.py."""
 
 
 def study_dir(out: Path) -> Path:
@@ -82,14 +87,20 @@ def test_weak_scaling_agrees_with_the_jobs_own_step_records(
         assert telemetry["bucket_bytes"] == result["result"]["bucket_bytes"]
         # DDP's all-reduces of the same buckets, overlapped with backward and with one another,
         # against the same all-reduces run one by one after a barrier on idle ranks. The fastest
-        # rank's time is the transfer; the mean adds the ranks' wait for one another. Seen on the
-        # 2-core lab: 1.0-2.3 times the plain timing (docs/scaling.md). A timer that stopped at the
-        # launch would be near 0, one that ran to the end of backward near 5.
+        # rank's time is the transfer; the mean adds the ranks' wait for one another. Seen on a
+        # quiet 2-core lab: 1.0-2.3 times the plain timing (docs/scaling.md); 3.2 with three other
+        # labs on the same cores, which slow the overlapped all-reduces more than the plain ones
+        # timed after training. So the plain timing bounds it from below only: a timer that
+        # stopped at the launch would be near 0.
         comm, fastest = telemetry["comm_s"], telemetry["comm_min_s"]
         print(
             f"{ranks} ranks: comm_s {comm:.4f} s, comm_min_s {fastest:.4f} s, plain all-reduces {plain:.4f} s"
         )
-        assert 0.5 < fastest / plain < 3.0, (fastest, plain)
+        assert fastest / plain > 0.5, (fastest, plain)
+        # From above, a bound no load moves: the first bucket is ready only after forward and the
+        # last layer's backward slept, so a timer that ran over the whole step, or from the start
+        # of backward, would come within that much of the step.
+        assert fastest < telemetry["step_s"] - BEFORE_FIRST_BUCKET_S, (fastest, telemetry["step_s"])
         assert fastest <= comm
     assert "weak scaling" in proc.stdout
 
