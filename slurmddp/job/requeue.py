@@ -9,10 +9,15 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, TypeVar
 
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from slurmddp import yamlio
 from slurmddp.cluster import hostlist, slurm
 from slurmddp.defaults import EndReason, RequeueReason
-from slurmddp.experiment.load import load_experiment
+from slurmddp.errors import ConfigError
 from slurmddp.experiment.schema import Requeue, Resources
 from slurmddp.job import records
 from slurmddp.job.records import AttemptId, Begin, Exclusions, Failure, Interrupt, Stop
@@ -30,6 +35,7 @@ SLURM_SIGNAL_EARLY_S = 60
 """sbatch --signal: "Slurm may send the signal up to 60 seconds earlier than specified"."""
 SIGNAL_SLACK_S = 30
 """For the time between the signal and the squeue that reads the time left."""
+SectionT = TypeVar("SectionT", Requeue, Resources)
 
 
 @dataclass(frozen=True)
@@ -41,9 +47,12 @@ class Settings:
 
     @classmethod
     def of_run(cls, run_dir: Path) -> Settings:
-        # profile=null: config.yaml is the resolved experiment, its profile merged in already.
-        experiment = load_experiment(run_dir / CONFIG, ["profile=null"]).experiment
-        return cls(experiment.requeue, experiment.resources)
+        """The two sections of the run's config.yaml (the resolved experiment), typed and checked
+        by the schema. Not the whole experiment: its checks include what this Python can import
+        (trackers.mlflow needs mlflow), and the batch script may run outside the ranks' container."""
+        path = run_dir / CONFIG
+        config = yamlio.load(path.read_text()) or {}
+        return cls(_section(Requeue, config, "requeue", path), _section(Resources, config, "resources", path))
 
     def budget(self, reason: RequeueReason) -> int:
         """Requeues allowed for `reason`; -1: unlimited."""
@@ -61,6 +70,15 @@ class Settings:
         sbatch = self.resources.sbatch
         text = sbatch.get("nodelist") or sbatch.get("w")
         return set(hostlist.expand(str(text))) if text else set()
+
+
+def _section(kind: type[SectionT], config: Mapping[str, Any], key: str, path: Path) -> SectionT:
+    try:
+        section = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(kind), config.get(key) or {}))
+    except (OmegaConfBaseException, ConfigError) as exc:
+        raise ConfigError(f"{path}: {key}: {exc}") from None
+    assert isinstance(section, kind)
+    return section
 
 
 @dataclass(frozen=True)

@@ -8,18 +8,17 @@ from pathlib import Path
 import pytest
 
 from slurmddp.defaults import EXIT_FINISHED
+from slurmddp.errors import ConfigError
+from slurmddp.experiment.schema import Requeue
 from slurmddp.job import attempts, records, requeue
 from slurmddp.job.records import AttemptId, End, Exclusion, Exclusions, Failure, Interrupt, Stop
 
 ENV = {"SLURM_JOB_ID": "77", "SLURM_RESTART_COUNT": "0", "SLURM_JOB_NODELIST": "node[1-2]"}
-ENTRYPOINT = "entrypoint:\n  function: train:main\n"
 
 
 def run_dir(tmp_path: Path, **budgets: int) -> Path:
     lines = "".join(f"  {key}: {value}\n" for key, value in budgets.items())
-    (tmp_path / "config.yaml").write_text(
-        f"{ENTRYPOINT}resources:\n  time: 00:10:00\nrequeue:\n{lines or '  {}'}\n"
-    )
+    (tmp_path / "config.yaml").write_text(f"resources:\n  time: 00:10:00\nrequeue:\n{lines or '  {}'}\n")
     return tmp_path
 
 
@@ -252,8 +251,7 @@ def test_a_preflight_failure_without_a_named_node_is_still_final(tmp_path: Path)
 
 def test_a_node_the_job_names_in_its_nodelist_is_not_left_out(tmp_path: Path) -> None:
     (tmp_path / "config.yaml").write_text(
-        f"{ENTRYPOINT}resources:\n  time: 00:10:00\n  sbatch: {{nodelist: 'node[1-2]'}}\n"
-        "requeue: {max_failures: 3}\n"
+        "resources:\n  time: 00:10:00\n  sbatch: {nodelist: 'node[1-2]'}\nrequeue: {max_failures: 3}\n"
     )
     assert bad_node_attempt(tmp_path, 0, {"node2": "preflight failed"}) == 1
     message = str(ends(tmp_path)[-1].message)
@@ -322,3 +320,14 @@ def test_a_node_that_went_down_under_the_attempt_explains_its_end(tmp_path: Path
     assert "node2 went down under attempt 0 (DOWN: Not responding)" in record.message
     assert "srun ending" not in record.message
     assert list(Exclusions.read(path).hosts) == ["node2"]
+
+
+def test_the_policy_reads_the_runs_sections_through_the_schema(tmp_path: Path) -> None:
+    settings = requeue.Settings.of_run(run_dir(tmp_path, max_failures=5))
+    defaults = Requeue()
+    assert (settings.budget("failure"), settings.budget("timeout")) == (5, defaults.max_timeouts)
+    assert settings.requeue.signal_lead_s == defaults.signal_lead_s
+    # Only its own sections: another section's checks (a tracker this Python lacks) are the ranks'.
+    (tmp_path / "config.yaml").write_text("requeue: {max_failures: -2}\ntrackers: {mlflow: true}\n")
+    with pytest.raises(ConfigError, match=r"config.yaml: requeue: requeue.max_failures: must be >= -1"):
+        requeue.Settings.of_run(tmp_path)

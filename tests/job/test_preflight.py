@@ -133,9 +133,7 @@ def test_config_section_defaults_and_errors(tmp_path: Path) -> None:
 
 
 def test_a_preflight_failure_is_not_requeued(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    (tmp_path / "config.yaml").write_text(
-        "entrypoint:\n  function: train:main\nrequeue:\n  max_failures: 3\n"
-    )
+    (tmp_path / "config.yaml").write_text("requeue:\n  max_failures: 3\n")
     env = {"SLURM_JOB_ID": "7", "SLURM_RESTART_COUNT": "0"}
     Failure(None, 0, "preflight failed: n2", AttemptId("7", 0), 1.0, retry=False).write(tmp_path)
     settings = requeue.Settings.of_run(tmp_path)

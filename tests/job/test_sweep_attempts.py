@@ -19,9 +19,7 @@ ENV = {
 
 def element(tmp_path: Path, **requeue: int) -> Path:
     lines = "".join(f"  {key}: {value}\n" for key, value in requeue.items())
-    (tmp_path / "config.yaml").write_text(
-        f"entrypoint:\n  function: train:main\nrequeue:\n{lines or '  {}'}\n"
-    )
+    (tmp_path / "config.yaml").write_text(f"requeue:\n{lines or '  {}'}\n")
     return tmp_path
 
 
