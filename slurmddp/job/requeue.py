@@ -51,7 +51,9 @@ class Settings:
         by the schema. Not the whole experiment: its checks include what this Python can import
         (trackers.mlflow needs mlflow), and the batch script may run outside the ranks' container."""
         path = run_dir / CONFIG
-        config = yamlio.load(path.read_text()) or {}
+        config = yamlio.load(path.read_text())
+        if not isinstance(config, dict):
+            config = {}
         return cls(_section(Requeue, config, "requeue", path), _section(Resources, config, "resources", path))
 
     def budget(self, reason: RequeueReason) -> int:
