@@ -8,6 +8,7 @@ the JSON keys are the contract: they stay as runs written by earlier versions ha
     interrupt.json  Interrupt    `slurmddp interrupt`: the reason its signal stands for
     attempts.jsonl  Begin, End, Resubmit: every attempt's begin and end, and each resubmit
     excluded.json   Exclusions   hosts the run leaves out, and why
+    result.json     completed_by: whether an attempt's ranks all returned (job/runtime.py writes it)
 
 Records of one attempt name it (AttemptId): a file left by an earlier attempt is not this one's.
 """
