@@ -179,3 +179,28 @@ def test_the_checks_catch_what_they_are_for(tmp_path: Path) -> None:
     assert any("slurmddp.errors -> slurmddp.layout: the leaf helpers" in p for p in problems)
     assert any("submit takes only the picklable spec" in p for p in problems)
     assert cycles(graphs(found)[0]) == [["slurmddp.job.runtime", "slurmddp.submit.plan"]]
+
+
+RECORDS = "slurmddp.job.records"
+"""The one module that spells the run directory's JSON keys (DESIGN.md, "Records and settings")."""
+
+
+def spelt_keys(known: dict[str, Path], key: str) -> list[str]:
+    """Where a module other than the records module has `key` as a string literal (file:line)."""
+    found = []
+    for name, path in known.items():
+        if name == RECORDS:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.Constant) and node.value == key:
+                found.append(f"{path}:{node.lineno}")
+    return found
+
+
+def test_the_attempt_identity_is_spelt_only_in_the_records_module(tmp_path: Path) -> None:
+    """Every record of an attempt names it by job id and restart count: a module that writes or
+    reads "restart_count" itself parses a record by hand (use slurmddp.job.records.AttemptId)."""
+    assert spelt_keys(modules(), "restart_count") == []
+    (tmp_path / "job").mkdir()
+    (tmp_path / "job" / "loop.py").write_text('ID = {"restart_count": 0}\n')
+    assert spelt_keys(modules(tmp_path), "restart_count") == [f"{tmp_path / 'job' / 'loop.py'}:1"]

@@ -53,21 +53,19 @@ def _check_pickle(args: list[str]) -> None:
 
 def _record_refusal(folder: str, error: str) -> None:
     # Only on this path: the attempt record's imports are not worth their time at every start.
-    from slurmddp.job import attempts
+    from slurmddp.job.records import AttemptId, Failure, run_dir_of
 
-    run_dir = attempts.run_dir_of(Path(folder), os.environ)
+    run_dir = run_dir_of(Path(folder), os.environ)
     if run_dir is None:
         return
-    record = {
-        "step": None,
-        "rank": int(os.environ.get("SLURM_PROCID") or 0),
-        "error": error,
-        "retry": False,
-        "job_id": os.environ.get("SLURM_JOB_ID", ""),
-        "restart_count": int(os.environ.get("SLURM_RESTART_COUNT") or 0),
-        "time": time.time(),
-    }
-    attempts.record_failure(run_dir, record)
+    Failure(
+        step=None,
+        rank=int(os.environ.get("SLURM_PROCID") or 0),
+        error=error,
+        attempt=AttemptId.from_env(os.environ),
+        time=time.time(),
+        retry=False,
+    ).write(run_dir)
 
 
 if __name__ == "__main__":

@@ -32,9 +32,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from slurmddp.errors import CheckpointError, SlurmddpError
-from slurmddp.files import write_json
 from slurmddp.job import signals
-from slurmddp.layout import METRICS, PROGRESS, STOP
+from slurmddp.job.records import AttemptId, LoopProgress, Progress, Stop
+from slurmddp.layout import METRICS
 
 if TYPE_CHECKING:
     from slurmddp.job.checkpoint import CheckpointInfo, CheckpointStore
@@ -91,7 +91,7 @@ class TrainLoop:
         self.store = store
         self.every_steps = every_steps
         self.every_s = every_minutes * 60
-        self.attempt = {"job_id": job_id, "restart_count": restart_count}
+        self.attempt = AttemptId(job_id, restart_count)
         self.objects = {name: obj for name, obj in objects.items() if obj is not None}
         self.extra = extra
         """User values saved with every checkpoint and restored on resume (rank 0's are kept)."""
@@ -375,29 +375,25 @@ class TrainLoop:
         now = time.monotonic()
         if force or now - self._progress_at >= PROGRESS_EVERY_S:
             self._progress_at = now
-            record = {
-                "step": self.step,
-                "total_steps": self.total_steps,
-                "epoch": self.epoch,
-                "epochs": self.epochs,
-                "time": time.time(),
-                "last_save_s": round(self.last_save_s, 3),
-                # What a resubmit onto another number of ranks must split (ctx.loader's).
-                "global_batch": self.settings.get("global_batch"),
-            }
-            write_json(self.run_dir / PROGRESS, {**record, **self.attempt})
+            position = LoopProgress(
+                total_steps=self.total_steps,
+                epoch=self.epoch,
+                epochs=self.epochs,
+                last_save_s=round(self.last_save_s, 3),
+                global_batch=self.settings.get("global_batch"),
+            )
+            Progress(self.step, self.attempt, time.time(), position).write(self.run_dir)
 
     def _record_stop(self, signum: int) -> None:
         if self.rank == 0:
-            record = {
-                "step": self.step,
-                "signal": signals.name(signum),
-                "signal_at": signals.received_at(),
-                "save_s": round(self.last_save_s, 3),
-                "time": time.time(),
-                **self.attempt,
-            }
-            write_json(self.run_dir / STOP, record)
+            Stop(
+                step=self.step,
+                signal=signals.name(signum),
+                signal_at=signals.received_at(),
+                attempt=self.attempt,
+                time=time.time(),
+                save_s=round(self.last_save_s, 3),
+            ).write(self.run_dir)
 
 
 def _drop_metrics_from(path: Path, step: int) -> None:

@@ -19,8 +19,8 @@ from typing import Any
 from slurmddp.errors import PreflightError
 from slurmddp.experiment.schema import Preflight
 from slurmddp.files import write_json
-from slurmddp.job import attempts
 from slurmddp.job.distenv import DistEnv
+from slurmddp.job.records import AttemptId, Failure
 from slurmddp.layout import PREFLIGHT
 
 REPEATS = 8
@@ -274,17 +274,16 @@ def _fail(dist: DistEnv, run_dir: Path, message: str, hosts: Sequence[str] = ())
     # A broken node stays broken: requeueing onto it would fail the same way, so the requeue
     # decision retries only without the nodes named here (bad_hosts), and not at all when none is.
     # Every failing rank writes it (atomically): a rank that fails alone is the only one that can.
-    record = {
-        "step": None,
-        "rank": dist.rank,
-        "error": message,
-        "retry": False,
-        "bad_hosts": {host: message for host in hosts},
-        "job_id": dist.job_id,
-        "restart_count": dist.restart_count,
-        "time": time.time(),
-    }
+    failure = Failure(
+        step=None,
+        rank=dist.rank,
+        error=message,
+        attempt=AttemptId(dist.job_id, dist.restart_count),
+        time=time.time(),
+        bad_hosts={host: message for host in hosts},
+        retry=False,
+    )
     with contextlib.suppress(OSError):
-        attempts.record_failure(run_dir, record, replace=True)
+        failure.write(run_dir, replace=True)
     print(f"slurmddp: {message}", flush=True)
     return PreflightError(message)

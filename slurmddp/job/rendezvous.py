@@ -13,12 +13,15 @@ rank has checked out, or the barrier's timeout has passed.
 
 from __future__ import annotations
 
+import errno
+import socket
 import sys
 import time
 from collections.abc import Callable
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
+from slurmddp.errors import DistEnvError
 from slurmddp.job.distenv import DistEnv
 
 if TYPE_CHECKING:
@@ -66,3 +69,22 @@ def exit_barrier(store: Store, dist: DistEnv, timeout_s: float, stopping: Callab
         time.sleep(POLL_S)
         checked_out = store.add(EXITED_KEY, 0)
     return True
+
+
+def check_port_free(port: int) -> None:
+    """Fail with the reason when rank 0's rendezvous port is taken, instead of a bare EADDRINUSE."""
+    probe = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    # SO_REUSEADDR as TCPStore sets it: a TIME_WAIT socket left by this job's previous attempt
+    # does not block the port, only a live listener does.
+    probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        probe.bind(("", port))
+    except OSError as exc:
+        if exc.errno == errno.EADDRINUSE:
+            raise DistEnvError(
+                f"MASTER_PORT {port} is already in use on {socket.gethostname()} (another job on this "
+                "node, or a job whose id differs from this one by a multiple of 10000); set dist.port"
+            ) from None
+        raise
+    finally:
+        probe.close()

@@ -2,18 +2,12 @@
 
 from __future__ import annotations
 
-import dataclasses
-import errno
 import importlib
 import importlib.util
 import json
 import os
-import shlex
-import signal
 import socket
-import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -23,25 +17,19 @@ from typing import Any
 
 from slurmddp.cluster import fabric, slurm
 from slurmddp.defaults import LOCAL_REQUEUE_STATUS
-from slurmddp.errors import DistEnvError, EntrypointFailed, SlurmddpError
+from slurmddp.errors import SlurmddpError
 from slurmddp.experiment.entrypoint import is_file_target
 from slurmddp.files import write_json
-from slurmddp.job import attempts, distenv, mpi, preflight, provenance, rendezvous, scriptrun, signals
+from slurmddp.job import attempts, crash, distenv, mpi, preflight, provenance, records, rendezvous, signals
 from slurmddp.job.context import RunContext
 from slurmddp.job.distenv import DistEnv
-from slurmddp.job.loop import PROGRESS_EVERY_S, StopForRequeue
+from slurmddp.job.loop import StopForRequeue
+from slurmddp.job.records import AttemptId
+from slurmddp.job.scriptrank import run_script
 from slurmddp.job.spec import RankSpec
 from slurmddp.job.watchdog import Watchdog
-from slurmddp.layout import NCCL_TRACE, PROGRESS, RESULT, STOP
+from slurmddp.layout import NCCL_TRACE, RESULT
 
-DEVICE_FAULTS = (
-    "uncorrectable ECC error",
-    "CUDA-capable device(s) is/are busy or unavailable",
-    "GPU has fallen off the bus",
-    "cudaErrorDevicesUnavailable",
-    "NVML",
-)
-"""Words of an error that blame the node's GPU, not the code: the node is left out next time."""
 SYSFS_ENV = "SLURMDDP_SYSFS"
 """Where fabric detection reads sysfs; tests point it at fake trees."""
 
@@ -53,10 +41,10 @@ def run_rank(spec: RankSpec) -> Any:
     if spec.executor == "local":
         # Slurm's batch script asks attempts.begin before starting the ranks; submitit's local
         # controller starts them again after every stop, a cancel's included.
-        final = attempts.final_end(attempts.read_attempts(Path(spec.run_dir)))
+        final = records.final_end(records.read_attempts(Path(spec.run_dir)))
         if final is not None:
-            print(f"slurmddp: this run already ended ({final['message']}); not starting again", flush=True)
-            return {"not_started": final["message"]}
+            print(f"slurmddp: this run already ended ({final.message}); not starting again", flush=True)
+            return {"not_started": final.message}
     if mpi.choose(spec.dist.launcher, os.environ) == "mpi":
         dist = mpi.from_mpi({**os.environ, **spec.env}, port=spec.dist.port)
     else:
@@ -80,7 +68,7 @@ def run_rank(spec: RankSpec) -> Any:
     if dist.rank == 0:
         _record_provenance(spec, dist)
     if spec.script is not None or spec.module is not None:
-        return _run_script(spec, dist)
+        return run_script(spec, dist)
     assert spec.function is not None
     return _run_function(spec, dist, load_function(spec.function))
 
@@ -158,7 +146,7 @@ def _run_function(spec: RankSpec, dist: DistEnv, function: Callable[[RunContext]
     else:
         device = torch.device("cpu")
     if dist.rank == 0:
-        check_port_free(dist.master_port)
+        rendezvous.check_port_free(dist.master_port)
     store = rendezvous.open_store(dist, spec.dist.timeout_s)
     tdist.init_process_group(
         backend=backend,
@@ -172,7 +160,7 @@ def _run_function(spec: RankSpec, dist: DistEnv, function: Callable[[RunContext]
     finally:
         tdist.destroy_process_group()
     # Not after a crash: srun ends the step, and the ranks still running would only wait.
-    rendezvous.exit_barrier(store, dist, spec.dist.timeout_s, _stopping)
+    rendezvous.exit_barrier(store, dist, spec.dist.timeout_s, signals.stopping)
     return outcome
 
 
@@ -201,7 +189,9 @@ def _call(
     except StopForRequeue as stop:
         return _stopped(spec, dist, stop)
     except Exception as exc:
-        _record_failure(spec, dist, ctx.active_loop.step if ctx.active_loop is not None else None, repr(exc))
+        crash.record(
+            Path(spec.run_dir), dist, ctx.active_loop.step if ctx.active_loop is not None else None, repr(exc)
+        )
         raise
     finally:
         if ctx.watchdog is not None:
@@ -217,10 +207,6 @@ def _call(
     return result
 
 
-def _stopping() -> bool:
-    return signals.received() is not None
-
-
 def _stopped(spec: RankSpec, dist: DistEnv, stop: StopForRequeue) -> dict[str, Any]:
     print(f"slurmddp: {stop}", flush=True)
     if spec.executor == "local":
@@ -233,27 +219,6 @@ def _stopped(spec: RankSpec, dist: DistEnv, stop: StopForRequeue) -> dict[str, A
         # the batch script does it.
         attempts.end(Path(spec.run_dir), 0, os.environ, time.time(), slurm.preempt_time)
     return {"stopped_at": stop.step}
-
-
-def _record_failure(spec: RankSpec, dist: DistEnv, step: int | None, error: str) -> None:
-    """Where the attempt crashed, for the failure budget (a crash at the same step twice stops),
-    and that it crashed: the other ranks then get srun's SIGTERM, which is no stop request. A
-    device fault names this host, which the requeued job then leaves out. The attempt's first
-    record stands (attempts.record_failure)."""
-    fault = next((words for words in DEVICE_FAULTS if words.lower() in error.lower()), None)
-    host = socket.gethostname()
-    attempts.record_failure(
-        Path(spec.run_dir),
-        {
-            "step": step,
-            "rank": dist.rank,
-            "error": error,
-            "bad_hosts": {host: f"rank {dist.rank}: {fault}: {error[:300]}"} if fault else {},
-            "job_id": dist.job_id,
-            "restart_count": dist.restart_count,
-            "time": time.time(),
-        },
-    )
 
 
 def _check_json(result: Any, target: str | None) -> None:
@@ -282,114 +247,9 @@ def write_result(
             "ranks": per_rank,
             "world_size": dist.world_size,
             "num_nodes": dist.num_nodes,
-            "job_id": dist.job_id,
-            "restart_count": dist.restart_count,
             "started_at": started_at,
             "train_seconds": round(time.time() - started_at, 3),
             "telemetry": telemetry,
+            **AttemptId(dist.job_id, dist.restart_count).to_json(),
         },
     )
-
-
-def check_port_free(port: int) -> None:
-    """Fail with the reason when rank 0's rendezvous port is taken, instead of a bare EADDRINUSE."""
-    probe = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    # SO_REUSEADDR as TCPStore sets it: a TIME_WAIT socket left by this job's previous attempt
-    # does not block the port, only a live listener does.
-    probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        probe.bind(("", port))
-    except OSError as exc:
-        if exc.errno == errno.EADDRINUSE:
-            raise DistEnvError(
-                f"MASTER_PORT {port} is already in use on {socket.gethostname()} (another job on this "
-                "node, or a job whose id differs from this one by a multiple of 10000); set dist.port"
-            ) from None
-        raise
-    finally:
-        probe.close()
-
-
-def _script_env(spec: RankSpec, dist: DistEnv, steps: str) -> dict[str, str]:
-    env = {"TORCHELASTIC_USE_AGENT_STORE": "True", scriptrun.STEP_FILE_ENV: steps}
-    if spec.dist.hang_timeout_s != 0:
-        watch = {**dataclasses.asdict(dist), "hang_timeout_s": spec.dist.hang_timeout_s}
-        env[scriptrun.WATCH_ENV] = json.dumps(watch)
-    return env
-
-
-def _wait_for_script(child: subprocess.Popen[bytes], dist: DistEnv, run_dir: Path, steps: Path) -> int:
-    """The script's exit status. A stop signal is passed on as SIGTERM; rank 0 records the steps
-    made as progress, as ctx.loop does for a function."""
-    forwarded = False
-    shown_at = 0.0
-    while True:
-        try:
-            return child.wait(timeout=0.2)
-        except subprocess.TimeoutExpired:
-            if signals.received() is not None and not forwarded:
-                child.send_signal(signal.SIGTERM)
-                forwarded = True
-            if dist.rank == 0 and time.monotonic() - shown_at >= PROGRESS_EVERY_S:
-                shown_at = time.monotonic()
-                step = scriptrun.read_steps(steps)
-                if step is not None:
-                    progress = {"step": step, "job_id": dist.job_id, "restart_count": dist.restart_count}
-                    write_json(run_dir / PROGRESS, {**progress, "time": time.time()})
-
-
-def _after(step: int | None) -> str:
-    return "" if step is None else f" after {step} optimizer steps of this attempt"
-
-
-def _run_script(spec: RankSpec, dist: DistEnv) -> int:
-    """Run a torchrun-style script as this rank. A stop signal reaches it as SIGTERM, the signal
-    torchrun's agent sends its workers; the script saves its own snapshot and exits, and the job is
-    requeued as for a function entrypoint."""
-    assert spec.script is not None or spec.module is not None
-    if dist.rank == 0:
-        check_port_free(dist.master_port)
-    command = spec.command()
-    with tempfile.NamedTemporaryFile(prefix="slurmddp-steps-") as steps:
-        # This process hosts the store, as torchrun's agent does: it outlives the script (module
-        # doc of job.rendezvous). The script's clients retry until it is up, so torch loads
-        # meanwhile. job.scriptrun runs the script as python would, counting its optimizer steps.
-        child = subprocess.Popen(
-            [sys.executable, "-m", "slurmddp.job.scriptrun", *command[1:]],
-            env={**os.environ, **_script_env(spec, dist, steps.name)},
-        )
-        store = rendezvous.open_store(dist, spec.dist.timeout_s)
-        code = _wait_for_script(child, dist, Path(spec.run_dir), Path(steps.name))
-        step = scriptrun.read_steps(Path(steps.name))
-        finished = scriptrun.read_finished(Path(steps.name))
-    stop = signals.received()
-    if stop is None and code < 0 and finished:
-        print(
-            f"slurmddp: rank {dist.rank}: {shlex.join(command)} ended with status 0, then its process "
-            f"died of {signals.name(-code)} while Python shut down; counted as completed",
-            file=sys.stderr,
-            flush=True,
-        )
-        code = 0
-    if stop is None and code != 0:
-        # Before srun's SIGTERM reaches the other ranks: their stop is no stop request.
-        _record_failure(spec, dist, step, f"{shlex.join(command)} exited with status {code}{_after(step)}")
-        raise EntrypointFailed(f"rank {dist.rank}: {shlex.join(command)} exited with status {code}")
-    if stop is not None:
-        if dist.rank == 0:
-            write_json(
-                Path(spec.run_dir) / STOP,
-                {
-                    "step": None,
-                    "signal": signals.name(stop),
-                    "signal_at": signals.received_at(),
-                    "script_status": code,
-                    "job_id": dist.job_id,
-                    "restart_count": dist.restart_count,
-                    "time": time.time(),
-                },
-            )
-        if spec.executor == "local":
-            raise SystemExit(LOCAL_REQUEUE_STATUS)
-    rendezvous.exit_barrier(store, dist, spec.dist.timeout_s, _stopping)
-    return code

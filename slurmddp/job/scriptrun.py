@@ -6,10 +6,11 @@
 A script has no ctx.loop, but every trainer built on PyTorch (plain loops, Lightning, accelerate)
 steps a torch.optim optimizer: a global optimizer-step hook counts the steps of this attempt. The
 count goes to the file STEP_FILE_ENV names (8 bytes written in place, no fsync: the rank's own
-process reads it on the same node), from which the rank records where the attempt crashed (a crash
-after the same number of steps twice in a row stops the job) and rank 0 shows progress. The hang
-watchdog (job/watchdog.py) runs in this process, so its stacks are the script's own; it is fed by
-the steps and by every batch a DataLoader hands out (an evaluation makes no optimizer step).
+process, job/scriptrank.py, reads it on the same node), from which the rank records where the
+attempt crashed (a crash after the same number of steps twice in a row stops the job) and rank 0
+shows progress. The hang watchdog (job/watchdog.py) runs in this process, so its stacks are the
+script's own; it is fed by the steps and by every batch a DataLoader hands out (an evaluation makes
+no optimizer step).
 
 The same file says when the script ended with status 0 and every exit handler it registered has
 run: what is left after that is Python shutting down. A C++ thread that takes the GIL then is ended

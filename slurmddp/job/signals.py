@@ -39,6 +39,11 @@ def received() -> int | None:
     return _received
 
 
+def stopping() -> bool:
+    """Whether a stop signal came: the step is ending."""
+    return _received is not None
+
+
 def received_at() -> float | None:
     """When (time.time()) the first stop signal arrived."""
     return _received_at

@@ -35,8 +35,8 @@ from typing import Any
 
 from slurmddp.cluster import hostlist
 from slurmddp.files import write_json
-from slurmddp.job import attempts
 from slurmddp.job.distenv import DistEnv
+from slurmddp.job.records import AttemptId, Failure
 from slurmddp.layout import HANGS
 
 AUTO_FLOOR_S = 300.0
@@ -142,21 +142,16 @@ class Watchdog:
             reports = _collect(self._dir, self._dist.world_size, time.monotonic() + GATHER_S)
             cause, culprits = diagnose(reports, self._dist.world_size, hosts(self._dist, os.environ))
             write_json(summary, {"cause": cause, "reports": reports})
-            attempts.record_failure(
-                self._run_dir,
-                {
-                    "step": self._step,
-                    "rank": rank,
-                    "error": f"hang: {cause}",
-                    "cause": cause,
-                    "bad_hosts": {host: cause for host in culprits if host != "?"},
-                    "hang_dir": str(self._dir),
-                    "job_id": self._dist.job_id,
-                    "restart_count": self._dist.restart_count,
-                    "time": time.time(),
-                },
-                replace=True,
-            )
+            Failure(
+                step=self._step,
+                rank=rank,
+                error=f"hang: {cause}",
+                attempt=AttemptId(self._dist.job_id, self._dist.restart_count),
+                time=time.time(),
+                bad_hosts={host: cause for host in culprits if host != "?"},
+                cause=cause,
+                hang_dir=str(self._dir),
+            ).write(self._run_dir, replace=True)
             print(f"slurmddp: {cause}; ending the attempt", file=sys.stderr, flush=True)
         else:
             # Leaving first would let srun end rank 0 before it recorded why.

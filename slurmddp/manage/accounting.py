@@ -21,11 +21,11 @@ Local runs have no allocations: their figures are None, not zero.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from slurmddp.cluster.slurm import Allocation, JobState
+from slurmddp.job.records import AttemptEvent, End
 
 PENDING_AGAIN: frozenset[JobState] = frozenset({"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED"})
 """squeue states of a job whose last allocation has ended and that is waiting to run again."""
@@ -47,7 +47,7 @@ class Usage:
 
 def usage(
     allocations: Sequence[Allocation],
-    records: Sequence[Mapping[str, Any]],
+    records: Sequence[AttemptEvent],
     now: float,
     pending: Collection[str] = (),
 ) -> Usage:
@@ -96,18 +96,19 @@ def _by_job(allocations: Iterable[Allocation]) -> dict[str, list[Allocation]]:
     return jobs
 
 
-def _redone_s(allocation: Allocation, end: float, records: Sequence[Mapping[str, Any]]) -> float:
+def _redone_s(allocation: Allocation, end: float, records: Sequence[AttemptEvent]) -> float:
     """Seconds of the allocation (which ended at `end`) after its last durable checkpoint (see the
     module docstring)."""
     began = allocation.start if allocation.start is not None else end
     for record in records:
         stopped = (
-            record.get("event") == "end"
-            and record.get("requeue")
-            and record.get("reason") in _STOPPED_AT_CHECKPOINT
-            and record.get("step") is not None
-            and str(record.get("job_id", "")) == allocation.raw_id
+            isinstance(record, End)
+            and record.requeue
+            and record.reason in _STOPPED_AT_CHECKPOINT
+            and record.step is not None
+            and record.attempt_id is not None
+            and record.attempt_id.job_id == allocation.raw_id
         )
-        if stopped and began - CLOCK_SLACK_S <= float(record["time"]) <= end + CLOCK_SLACK_S:
-            return max(0.0, end - float(record["time"]))
+        if stopped and began - CLOCK_SLACK_S <= record.time <= end + CLOCK_SLACK_S:
+            return max(0.0, end - record.time)
     return float(allocation.elapsed_s)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import os
 import signal
 import time
@@ -19,9 +18,18 @@ from slurmddp.defaults import STOP_SIGNAL, RequeueReason
 from slurmddp.errors import SlurmddpError
 from slurmddp.experiment.load import Loaded, SweepElement, load_experiment
 from slurmddp.experiment.resubmit import accumulate_for, check_changes
-from slurmddp.files import write_json
-from slurmddp.job import attempts
-from slurmddp.layout import CONFIG, INTERRUPT, PROGRESS
+from slurmddp.job import records
+from slurmddp.job.records import (
+    CANCELLED,
+    AttemptId,
+    End,
+    Exclusion,
+    Exclusions,
+    Interrupt,
+    Progress,
+    Resubmit,
+)
+from slurmddp.layout import CONFIG, PROGRESS
 from slurmddp.manage import runs
 from slurmddp.manage.runs import RunState
 from slurmddp.submit import submitter
@@ -48,8 +56,7 @@ def interrupt(ref: str, reason: RequeueReason, index: int | None = None) -> str:
         raise SlurmddpError(f"scontrol show job {job} names no JobId and Restarts; has it just ended?")
     config: Any = yamlio.load((element.dir / CONFIG).read_text())
     name = str(config.get("requeue", {}).get("signal", STOP_SIGNAL))
-    record = {"reason": reason, "job_id": fields["JobId"], "restart_count": int(fields["Restarts"])}
-    write_json(element.dir / INTERRUPT, record)
+    Interrupt(reason, AttemptId(fields["JobId"], int(fields["Restarts"]))).write(element.dir)
     slurm.signal(job, name)
     return f"sent SIG{name} to the ranks of job {job} as a {reason}; run dir {element.dir}"
 
@@ -68,18 +75,10 @@ def cancel(ref: str, index: int | None = None) -> list[str]:
         state = runs.element_state(target, element, known)
         if state not in runs.ACTIVE_STATES and state != "UNKNOWN":
             continue
-        attempts.mark(
-            element.dir,
-            {
-                "event": "end",
-                "reason": attempts.CANCELLED,
-                "final": True,
-                "requeue": False,
-                "time": time.time(),
-                "step": None,
-                "message": "cancelled by the user",
-            },
+        cancelled = End(
+            CANCELLED, None, time.time(), requeue=False, final=True, message="cancelled by the user"
         )
+        records.append_attempt(element.dir, cancelled)
         done.append(element)
     if target.executor == "slurm":
         # A whole sweep by its array ids (pending tasks included); otherwise by task id.
@@ -144,7 +143,7 @@ def resubmit_failed(ref: str, argv: list[str]) -> ResubmittedElements:
     submitter.check_schedulable(plan)
     indices = [e.index for e in failed if e.index is not None]
     for element in failed:
-        attempts.mark(element.dir, {"event": "resubmit", "time": time.time(), "argv": argv})
+        records.append_attempt(element.dir, Resubmit(time.time(), argv))
     job_id = submitter.submit_array(plan, manifest, indices)
     return ResubmittedElements(job_id, indices, notes)
 
@@ -189,17 +188,14 @@ def resubmit_run(ref: str, overrides: list[str], argv: list[str]) -> Resubmitted
     )
     if plan.executor == "slurm":
         submitter.check_schedulable(plan)
-    previous = attempts.final_end(attempts.read_attempts(target.dir))
-    attempts.mark(
-        target.dir,
-        {"event": "resubmit", "time": time.time(), "argv": argv, "changed": changed, "ranks": list(ranks)},
-    )
+    previous = records.final_end(records.read_attempts(target.dir))
+    records.append_attempt(target.dir, Resubmit(time.time(), argv, changed, list(ranks)))
     try:
         sub = submitter.resubmit(plan, after, target.manifest, argv)
     except BaseException:
         if previous is not None:
             # The run reads as it did: ended, with the same reason.
-            attempts.mark(target.dir, {**previous, "time": time.time()})
+            records.append_attempt(target.dir, dataclasses.replace(previous, time=time.time()))
         raise
     return Resubmitted(sub, changed, notes)
 
@@ -227,23 +223,21 @@ def _kept_as_before(target: runs.Target, before: Loaded, overrides: list[str]) -
 def _left_out(run_dirs: Sequence[Path], loaded: Loaded) -> tuple[list[str], list[str]]:
     """The override that goes on leaving out the hosts these runs left out (excluded.json), with
     the experiment's own resources.exclude, and a note on each host; nothing when none was."""
-    left_out: dict[str, dict[str, Any]] = {}
+    left_out: dict[str, Exclusion] = {}
     for run_dir in run_dirs:
-        left_out.update(attempts.excluded(run_dir))
+        left_out.update(Exclusions.read(run_dir).hosts)
     if not left_out:
         return [], []
     user = loaded.experiment.resources.exclude
     hosts = sorted({*left_out, *(hostlist.expand(user) if user else [])})
-    notes = [f"leaves out {host}: {why['reason']}" for host, why in left_out.items()]
+    notes = [f"leaves out {host}: {why.reason}" for host, why in left_out.items()]
     return [f"resources.exclude={','.join(hosts)}"], notes
 
 
 def _global_batch(run_dir: Path) -> int | None:
     """The global batch the run's loop recorded (ctx.loader's), if it recorded one."""
-    try:
-        value = json.loads((run_dir / PROGRESS).read_text()).get("global_batch")
-    except (OSError, ValueError, AttributeError):
-        return None
+    progress = Progress.read(run_dir)
+    value = progress.loop.global_batch if progress is not None and progress.loop is not None else None
     return value if isinstance(value, int) and value > 0 else None
 
 
@@ -261,11 +255,9 @@ def last_save_seconds(output_dir: Path, name: str) -> float | None:
         found = sorted((output_dir / name).glob(f"*/{PROGRESS}"), reverse=True)
     except OSError:
         return None  # an output_dir that cannot be read: the submission itself says why
-    for progress in found:
-        try:
-            seconds = json.loads(progress.read_text()).get("last_save_s")
-        except (OSError, ValueError):
-            continue
+    for path in found:
+        progress = Progress.read(path.parent)
+        seconds = progress.loop.last_save_s if progress is not None and progress.loop is not None else None
         if seconds:
-            return float(seconds)
+            return seconds
     return None

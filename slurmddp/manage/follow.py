@@ -8,7 +8,6 @@ PLAIN_EVERY_S, so such logs stay readable.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import os
@@ -25,8 +24,8 @@ from submitit.core.utils import pickle_load
 
 from slurmddp.cluster import slurm
 from slurmddp.cluster.slurm import JobState
-from slurmddp.job.attempts import final_end, read_attempts
-from slurmddp.layout import METRICS, PERF, PROGRESS
+from slurmddp.job.records import Progress, final_end, read_attempts
+from slurmddp.layout import METRICS, PERF
 from slurmddp.manage.runs import FINAL_STATES
 from slurmddp.submit.submitter import Submission
 
@@ -57,7 +56,7 @@ def follow(sub: Submission, out: TextIO, poll_s: float = 1.0) -> JobState:
     ended = final_end(read_attempts(sub.plan.run_dir))
     if final == "UNKNOWN" and ended is not None:
         # A cancelled local run's ranks end cleanly, and their results say success.
-        final = FINAL_STATES.get(ended["reason"], "FAILED")
+        final = FINAL_STATES.get(ended.reason, "FAILED")
     if final == "UNKNOWN":
         final = _from_results(sub)
     out.write(f"slurmddp: job {sub.job_id} ended {final} ({time.monotonic() - started:.0f}s)\n")
@@ -65,11 +64,12 @@ def follow(sub: Submission, out: TextIO, poll_s: float = 1.0) -> JobState:
     return final
 
 
-def progress_line(progress: Mapping[str, Any], metrics: Mapping[str, Any], rate: float | None) -> str:
+def progress_line(progress: Progress, metrics: Mapping[str, Any], rate: float | None) -> str:
     """The progress line from rank 0's latest progress.json, the latest metric values (a
     metrics.jsonl record, or several merged) and the speed in steps per second (None: not known)."""
-    step = int(progress["step"])
-    total = progress.get("total_steps")
+    step = progress.step
+    loop = progress.loop
+    total = loop.total_steps if loop is not None else None
     parts = [f"step {step}"]
     if total:
         parts[0] += f"/{total} ({100 * step // total}%)"
@@ -77,9 +77,9 @@ def progress_line(progress: Mapping[str, Any], metrics: Mapping[str, Any], rate:
     eta = (total - step) / rate if total and rate else None
     parts.append(f"ETA {_duration(eta)}")
     # The loop counts epochs from 0, and reports epoch 0 of no epochs when it is not given `data`.
-    if progress.get("epochs") is not None:
-        parts.append(f"epoch {int(progress['epoch']) + 1}/{progress['epochs']}")
-    parts.append(f"attempt {int(progress.get('restart_count', 0)) + 1}")
+    if loop is not None and loop.epochs is not None:
+        parts.append(f"epoch {(loop.epoch or 0) + 1}/{loop.epochs}")
+    parts.append(f"attempt {progress.attempt.restart_count + 1}")
     shown = format_metrics(metrics)
     if shown:
         parts.append(shown)
@@ -127,9 +127,9 @@ class StepRate:
         self._last: tuple[int, int, float] | None = None
         """(restart_count, step, time) of the latest record."""
 
-    def update(self, progress: Mapping[str, Any]) -> float | None:
+    def update(self, progress: Progress) -> float | None:
         """The speed after `progress`; reading the same record again changes nothing."""
-        record = (int(progress.get("restart_count", 0)), int(progress["step"]), float(progress["time"]))
+        record = (progress.attempt.restart_count, progress.step, progress.time)
         last, self._last = self._last, record
         if last is None or record[0] != last[0] or record[1] < last[1]:
             self.value = None
@@ -209,15 +209,14 @@ class _Progress:
     """The progress line of a run directory, from the files rank 0 writes."""
 
     def __init__(self, run_dir: Path) -> None:
-        self.path = run_dir / PROGRESS
+        self.run_dir = run_dir
         self.metrics = LatestMetrics(run_dir / METRICS)
         self.rate = StepRate()
-        self.record: dict[str, Any] | None = None
+        self.record: Progress | None = None
 
     def line(self) -> str | None:
         # Not written yet, or unreadable: the previous record stands.
-        with contextlib.suppress(OSError, ValueError):
-            self.record = json.loads(self.path.read_text())
+        self.record = Progress.read(self.run_dir) or self.record
         if self.record is None:
             return None
         return f"slurmddp: {progress_line(self.record, self.metrics.read(), self.rate.update(self.record))}"

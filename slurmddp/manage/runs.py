@@ -17,8 +17,17 @@ from slurmddp.cluster import slurm
 from slurmddp.cluster.slurm import JobState
 from slurmddp.defaults import EndReason, RunExecutor, RunKind
 from slurmddp.errors import SlurmddpError
-from slurmddp.job.attempts import current, excluded, final_end, read_attempts
-from slurmddp.layout import FAILURE, MANIFEST, METRICS, PERF, PROGRESS, RESULT, SWEEP
+from slurmddp.job.records import (
+    AttemptEvent,
+    Begin,
+    End,
+    Exclusions,
+    Progress,
+    current,
+    final_end,
+    read_attempts,
+)
+from slurmddp.layout import FAILURE, MANIFEST, METRICS, PERF, RESULT, SWEEP
 from slurmddp.manage import accounting, index
 
 RunState = Literal[JobState, "UNSUBMITTED"]
@@ -175,7 +184,7 @@ def element_state(target: Target, element: Run, states: dict[str, JobState]) -> 
     records = read_attempts(element.dir)
     final = final_end(records)
     if final is not None:
-        return FINAL_STATES.get(final["reason"], "FAILED")
+        return FINAL_STATES.get(final.reason, "FAILED")
     if target.executor == "local":
         return _local_state(element)
     if element.job_id is None:
@@ -238,14 +247,14 @@ def rows(target: Target, with_usage: bool = True) -> list[Row]:
         used = _usage(element, records, allocations, states, since, now)
         metrics, metric_step = latest_metrics(element.dir)
         perf = {name: metrics.pop(name) for name in list(metrics) if name.startswith(PERF)}
-        progress = read_optional(element.dir / PROGRESS).get("step")
-        steps = [s for s in (progress, metric_step) if isinstance(s, int)]
+        progress = Progress.read(element.dir)
+        steps = [s for s in (progress and progress.step, metric_step) if isinstance(s, int)]
         out.append(
             Row(
                 index=element.index,
                 overrides=element.overrides,
                 state=element_state(target, element, states),
-                attempts=sum(1 for r in records if r["event"] == "begin"),
+                attempts=sum(1 for r in records if isinstance(r, Begin)),
                 step=max(steps) if steps else None,
                 metrics=metrics,
                 elapsed_s=_elapsed(records, now),
@@ -254,20 +263,17 @@ def rows(target: Target, with_usage: bool = True) -> list[Row]:
                 cpu_hours=None if used is None else used.cpu_hours,
                 gpu_hours=None if used is None else used.gpu_hours,
                 lost_hours=None if used is None else used.lost_hours,
-                # Since the last resubmit: what ended the run before it is history.
-                last_end=next(
-                    (r.get("message") for r in reversed(current(records)) if r["event"] == "end"), None
-                ),
-                excluded={host: str(why["reason"]) for host, why in excluded(element.dir).items()},
+                last_end=_last_end(records),
+                excluded={host: why.reason for host, why in Exclusions.read(element.dir).hosts.items()},
                 throughput=_pace(perf),
             )
         )
     return out
 
 
-def _last_end(records: list[dict[str, Any]]) -> str | None:
+def _last_end(records: list[AttemptEvent]) -> str | None:
     """How the last attempt since the last resubmit ended: what ended the run before is history."""
-    return next((r.get("message") for r in reversed(current(records)) if r["event"] == "end"), None)
+    return next((r.message for r in reversed(current(records)) if isinstance(r, End)), None)
 
 
 def _pace(perf: dict[str, float]) -> str | None:
@@ -290,7 +296,7 @@ def total_usage(rows: list[Row]) -> accounting.Usage | None:
 
 def _usage(
     element: Run,
-    records: list[dict[str, Any]],
+    records: list[AttemptEvent],
     allocations: list[slurm.Allocation] | None,
     states: dict[str, JobState],
     since: float | None,
@@ -319,15 +325,15 @@ def _submitted_at(manifest: dict[str, Any]) -> float | None:
     return min(known) if known else None
 
 
-def _elapsed(records: list[dict[str, Any]], now: float) -> float:
+def _elapsed(records: list[AttemptEvent], now: float) -> float:
     """Seconds spent in attempts (time in the queue between them does not count)."""
     total = 0.0
     started: float | None = None
     for record in records:
-        if record["event"] == "begin":
-            started = float(record["time"])
-        elif record["event"] == "end" and started is not None:
-            total += float(record["time"]) - started
+        if isinstance(record, Begin):
+            started = record.time
+        elif isinstance(record, End) and started is not None:
+            total += record.time - started
             started = None
     if started is not None:
         total += now - started

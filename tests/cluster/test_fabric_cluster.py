@@ -10,14 +10,15 @@ from pathlib import Path
 import pytest
 from conftest import QUICKSTART, mpi_library_error, only_run, slurmddp, wait_for_job
 
-from slurmddp.job import attempts
+from slurmddp.job import records
+from slurmddp.job.records import End
 
 pytestmark = pytest.mark.slurm
 DIST_TIMEOUT_S = 300
 
 
-def final_attempt(run: Path) -> dict[str, object]:
-    ends = [r for r in attempts.read_attempts(run) if r["event"] == "end"]
+def final_attempt(run: Path) -> End:
+    ends = records.ends(records.read_attempts(run))
     assert ends, f"no attempt ended in {run}"
     return ends[-1]
 
@@ -45,13 +46,13 @@ def test_forced_preflight_failure_stops_the_job_fast_naming_the_node(
     assert "ended FAILED" in proc.stdout
     run = only_run(out)
     end = final_attempt(run)
-    (begin,) = [r for r in attempts.read_attempts(run) if r["event"] == "begin"]
-    ran = float(str(end["time"])) - float(str(begin["time"]))
+    (begin,) = records.begins(records.read_attempts(run))
+    ran = end.time - begin.time
     # Most of it is four `import torch` on two cores; nothing waits for the distributed timeout.
     assert ran < DIST_TIMEOUT_S / 5, f"the attempt took {ran:.0f} s"
     print(f"forced preflight failure: attempt {ran:.1f} s, submit to end {time.monotonic() - started:.1f} s")
-    assert end["requeue"] is False and end["final"] is True
-    assert str(end["message"]).startswith("preflight failed: node2")
+    assert end.requeue is False and end.final is True
+    assert end.message.startswith("preflight failed: node2")
     record = json.loads((run / "preflight.json").read_text())
     assert record["suspects"] == ["node2"] and {r["host"] for r in record["ranks"]} == {"node1", "node2"}
     assert not (run / "result.json").exists()
@@ -157,4 +158,4 @@ def test_mpi_launcher_on_slurm_runs_ddp_across_two_nodes(slurm_env: dict[str, st
     result = json.loads((run / "result.json").read_text())
     assert (result["world_size"], result["num_nodes"]) == (4, 2)
     assert len({r["param_sha256"] for r in result["ranks"]}) == 1
-    assert len([r for r in attempts.read_attempts(run) if r["event"] == "begin"]) == 1
+    assert len(records.begins(records.read_attempts(run))) == 1

@@ -2,30 +2,36 @@
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
 import pytest
 
 from slurmddp.defaults import EXIT_FINISHED
-from slurmddp.job import attempts
-from slurmddp.layout import FAILURE
+from slurmddp.errors import ConfigError
+from slurmddp.experiment.schema import Requeue
+from slurmddp.job import attempts, records, requeue
+from slurmddp.job.records import AttemptId, End, Exclusion, Exclusions, Failure, Interrupt, Stop
 
 ENV = {"SLURM_JOB_ID": "77", "SLURM_RESTART_COUNT": "0", "SLURM_JOB_NODELIST": "node[1-2]"}
 
 
-def run_dir(tmp_path: Path, **requeue: int) -> Path:
-    lines = "".join(f"  {key}: {value}\n" for key, value in requeue.items())
+def run_dir(tmp_path: Path, **budgets: int) -> Path:
+    lines = "".join(f"  {key}: {value}\n" for key, value in budgets.items())
     (tmp_path / "config.yaml").write_text(f"resources:\n  time: 00:10:00\nrequeue:\n{lines or '  {}'}\n")
     return tmp_path
+
+
+def stop(path: Path, step: int, restart: int = 0, signal_at: float | None = None) -> None:
+    now = time.time()
+    Stop(step, "SIGTERM", signal_at, AttemptId("77", restart), now).write(path)
 
 
 def attempt(
     path: Path,
     restart: int,
     *,
-    stop: bool = False,
+    stopped: bool = False,
     failure_step: int | None = None,
     status: int = 0,
     preempt: str | None = None,
@@ -34,25 +40,21 @@ def attempt(
 ) -> int:
     """One attempt: `left` is squeue's time left when it ends (the signal came 1 s earlier)."""
     env = {**ENV, "SLURM_RESTART_COUNT": str(restart)}
-    me = {"job_id": "77", "restart_count": restart}
+    me = AttemptId("77", restart)
     assert attempts.begin(path, env, now=1000.0 + restart) == 0
     now = time.time()
-    if stop:
-        (path / "stop.json").write_text(
-            json.dumps(
-                {"step": 10 * (restart + 1), "signal": "SIGTERM", "signal_at": now - 1, "time": now, **me}
-            )
-        )
+    if stopped:
+        Stop(10 * (restart + 1), "SIGTERM", now - 1, me, now).write(path)
     if failure_step is not None:
         crashed = now - 2 if crashed_before_stop else now
-        (path / "failure.json").write_text(json.dumps({"step": failure_step, "time": crashed, **me}))
+        Failure(failure_step, 0, "", me, crashed).write(path)
     return attempts.end(
         path, status, env, now=1001.0 + restart, preempt_time=lambda job: preempt, time_left=lambda job: left
     )
 
 
-def ends(path: Path) -> list[dict[str, object]]:
-    return [r for r in attempts.read_attempts(path) if r["event"] == "end"]
+def ends(path: Path) -> list[End]:
+    return records.ends(records.read_attempts(path))
 
 
 @pytest.fixture(autouse=True)
@@ -63,7 +65,7 @@ def no_real_slurm(slurm_commands: list[list[str]]) -> None:
 def test_completed_is_final(tmp_path: Path, slurm_commands: list[list[str]]) -> None:
     path = run_dir(tmp_path)
     assert attempt(path, 0) == 0
-    assert ends(path)[-1]["reason"] == "completed" and ends(path)[-1]["final"] is True
+    assert ends(path)[-1].reason == "completed" and ends(path)[-1].final is True
     assert slurm_commands == []
     assert attempts.begin(path, ENV, now=2000.0) == EXIT_FINISHED
 
@@ -72,20 +74,20 @@ def test_preemption_is_told_by_preempt_time_not_elapsed_time(
     tmp_path: Path, slurm_commands: list[list[str]]
 ) -> None:
     path = run_dir(tmp_path, max_timeouts=1)
-    attempt(path, 0, stop=True, preempt="2026-11-22T01:00:00")
-    attempt(path, 1, stop=True, preempt="2026-11-22T01:01:00")
-    attempt(path, 2, stop=True, preempt=None)
-    reasons = [(r["reason"], r["requeue"], r["step"]) for r in ends(path)]
+    attempt(path, 0, stopped=True, preempt="2026-11-22T01:00:00")
+    attempt(path, 1, stopped=True, preempt="2026-11-22T01:01:00")
+    attempt(path, 2, stopped=True, preempt=None)
+    reasons = [(r.reason, r.requeue, r.step) for r in ends(path)]
     assert reasons == [("preemption", True, 10), ("preemption", True, 20), ("timeout", True, 30)]
     assert slurm_commands == [["scontrol", "requeue", "77"]] * 3
 
 
 def test_timeout_budget(tmp_path: Path) -> None:
     path = run_dir(tmp_path, max_timeouts=1)
-    assert attempt(path, 0, stop=True) == 0
-    assert attempt(path, 1, stop=True) == 1
+    assert attempt(path, 0, stopped=True) == 0
+    assert attempt(path, 1, stopped=True) == 1
     last = ends(path)[-1]
-    assert last["requeue"] is False and "timeout budget spent" in str(last["message"])
+    assert last.requeue is False and "timeout budget spent" in last.message
 
 
 def test_failure_budget_and_same_step(tmp_path: Path) -> None:
@@ -93,39 +95,37 @@ def test_failure_budget_and_same_step(tmp_path: Path) -> None:
     assert attempt(path, 0, status=1, failure_step=7) == 0
     assert attempt(path, 1, status=1, failure_step=9) == 0
     assert attempt(path, 2, status=1, failure_step=9) == 1
-    assert "step 9 twice" in str(ends(path)[-1]["message"])
+    assert "step 9 twice" in str(ends(path)[-1].message)
 
 
 def test_interrupt_names_the_reason(tmp_path: Path) -> None:
     path = run_dir(tmp_path)
-    (path / "interrupt.json").write_text(
-        json.dumps({"reason": "preemption", "job_id": "77", "restart_count": 0})
-    )
-    attempt(path, 0, stop=True, preempt=None)
-    assert ends(path)[-1]["reason"] == "preemption"
+    Interrupt("preemption", AttemptId("77", 0)).write(path)
+    attempt(path, 0, stopped=True, preempt=None)
+    assert ends(path)[-1].reason == "preemption"
 
 
 def test_stale_records_of_an_earlier_attempt_are_ignored(tmp_path: Path) -> None:
     path = run_dir(tmp_path)
-    (path / "stop.json").write_text(json.dumps({"step": 5, "job_id": "77", "restart_count": 0}))
+    stop(path, 5)
     attempts.begin(path, {**ENV, "SLURM_RESTART_COUNT": "1"}, now=1.0)
     assert (
         attempts.end(path, 0, {**ENV, "SLURM_RESTART_COUNT": "1"}, now=2.0, preempt_time=lambda j: None) == 0
     )
-    assert ends(path)[-1]["reason"] == "completed"
+    assert ends(path)[-1].reason == "completed"
 
 
 def test_a_killed_attempt_is_recorded_at_the_next_begin(tmp_path: Path) -> None:
     path = run_dir(tmp_path)
     attempts.begin(path, ENV, now=1.0)
     attempts.begin(path, {**ENV, "SLURM_RESTART_COUNT": "1"}, now=2.0)
-    assert [r["reason"] for r in ends(path)] == ["killed"]
+    assert [r.reason for r in ends(path)] == ["killed"]
 
 
 def test_array_tasks_requeue_alone() -> None:
     env = {"SLURM_JOB_ID": "90", "SLURM_ARRAY_JOB_ID": "88", "SLURM_ARRAY_TASK_ID": "2"}
-    assert attempts.requeue_target(env) == "88_2"
-    assert attempts.requeue_target({"SLURM_JOB_ID": "90"}) == "90"
+    assert requeue.requeue_target(env) == "88_2"
+    assert requeue.requeue_target({"SLURM_JOB_ID": "90"}) == "90"
 
 
 def test_the_batch_script_does_not_record_an_attempt_twice(
@@ -134,10 +134,10 @@ def test_the_batch_script_does_not_record_an_attempt_twice(
     """Rank 0 already recorded and requeued; the batch script's call only repeats the requeue."""
     path = run_dir(tmp_path)
     attempts.begin(path, ENV, now=1.0)
-    (path / "stop.json").write_text(json.dumps({"step": 12, "job_id": "77", "restart_count": 0}))
+    stop(path, 12)
     assert attempts.end(path, 0, ENV, now=2.0, preempt_time=lambda j: "2026-01-01T00:00:00") == 0
     assert attempts.end(path, 0, ENV, now=3.0, preempt_time=lambda j: None) == 0
-    assert [(r["reason"], r["step"]) for r in ends(path)] == [("preemption", 12)]
+    assert [(r.reason, r.step) for r in ends(path)] == [("preemption", 12)]
     assert slurm_commands == [["scontrol", "requeue", "77"]] * 2
 
 
@@ -147,48 +147,54 @@ def test_a_run_whose_ranks_all_returned_is_completed_whatever_srun_says(
     # A time-limit signal landing while the finished ranks exit made srun report status 140.
     path = run_dir(tmp_path)
     assert attempts.begin(path, ENV, now=1000.0) == 0
-    (path / "result.json").write_text(json.dumps({"job_id": "77", "restart_count": 0, "result": {}}))
+    (path / "result.json").write_text('{"job_id": "77", "restart_count": 0, "result": {}}')
     assert attempts.end(path, 140, ENV, now=1001.0, preempt_time=lambda job: None) == 0
-    assert ends(path)[-1]["reason"] == "completed" and slurm_commands == []
+    assert ends(path)[-1].reason == "completed" and slurm_commands == []
     # A result left by an earlier attempt does not count.
     (tmp_path / "later").mkdir()
     later = run_dir(tmp_path / "later")
-    (later / "result.json").write_text(json.dumps({"job_id": "77", "restart_count": 0}))
+    (later / "result.json").write_text('{"job_id": "77", "restart_count": 0}')
     assert attempt(later, 1, status=140) == 0
-    assert ends(later)[-1]["reason"] == "failure"
+    assert ends(later)[-1].reason == "failure"
 
 
 def test_a_stop_long_before_the_time_limit_without_preemption_is_a_failure(tmp_path: Path) -> None:
     """srun's --kill-on-bad-exit SIGTERMs the ranks that survive a crash: rank 0 stops and
     records it, but nothing asked the job to stop."""
     path = run_dir(tmp_path, max_failures=5)
-    assert attempt(path, 0, stop=True, left=500.0) == 0
+    assert attempt(path, 0, stopped=True, left=500.0) == 0
     (record,) = ends(path)
-    assert record["reason"] == "failure" and record["requeue"] is True
-    assert "SIGTERM with 501 s of the time limit left" in str(record["message"])
+    assert record.reason == "failure" and record.requeue is True
+    assert "SIGTERM with 501 s of the time limit left" in record.message
     # Within the signal's lead (120 s by default, Slurm up to 60 s early): the time limit.
-    assert attempt(path, 1, stop=True, left=170.0) == 0
-    assert ends(path)[-1]["reason"] == "timeout"
+    assert attempt(path, 1, stopped=True, left=170.0) == 0
+    assert ends(path)[-1].reason == "timeout"
     # No time limit to go by: the signal is believed.
-    assert attempt(path, 2, stop=True, left=None) == 0
-    assert ends(path)[-1]["reason"] == "timeout"
+    assert attempt(path, 2, stopped=True, left=None) == 0
+    assert ends(path)[-1].reason == "timeout"
 
 
 def test_a_crash_recorded_before_the_stop_is_a_failure_whatever_the_time(tmp_path: Path) -> None:
     path = run_dir(tmp_path, max_failures=5)
-    assert attempt(path, 0, stop=True, failure_step=4, status=1, left=30.0) == 0
-    assert [(r["reason"], r["step"]) for r in ends(path)] == [("failure", 4)]
+    assert attempt(path, 0, stopped=True, failure_step=4, status=1, left=30.0) == 0
+    assert [(r.reason, r.step) for r in ends(path)] == [("failure", 4)]
     # The same step again: the crash guard applies to crashes the other ranks were stopped after.
-    assert attempt(path, 1, stop=True, failure_step=4, status=1, left=30.0) == 1
-    assert "step 4 twice" in str(ends(path)[-1]["message"])
+    assert attempt(path, 1, stopped=True, failure_step=4, status=1, left=30.0) == 1
+    assert "step 4 twice" in str(ends(path)[-1].message)
 
 
 def test_a_failure_recorded_after_the_stop_does_not_turn_a_preemption_into_one(tmp_path: Path) -> None:
     path = run_dir(tmp_path)
     attempt(
-        path, 0, stop=True, failure_step=4, status=1, preempt="2026-11-22T01:00:00", crashed_before_stop=False
+        path,
+        0,
+        stopped=True,
+        failure_step=4,
+        status=1,
+        preempt="2026-11-22T01:00:00",
+        crashed_before_stop=False,
     )
-    assert ends(path)[-1]["reason"] == "preemption"
+    assert ends(path)[-1].reason == "preemption"
 
 
 def bad_node_attempt(path: Path, restart: int, bad: dict[str, str], total: int | None = 3) -> int:
@@ -198,10 +204,10 @@ def bad_node_attempt(path: Path, restart: int, bad: dict[str, str], total: int |
         "SLURM_JOB_PARTITION": "debug",
         "SLURM_JOB_NUM_NODES": "2",
     }
-    me = {"job_id": "77", "restart_count": restart}
     assert attempts.begin(path, env, now=1000.0 + restart) == 0
-    record = {"step": None, "retry": False, "error": "preflight failed", "bad_hosts": bad, "time": 1.0, **me}
-    (path / "failure.json").write_text(json.dumps(record))
+    Failure(None, 0, "preflight failed", AttemptId("77", restart), 1.0, bad_hosts=bad, retry=False).write(
+        path
+    )
     return attempts.end(
         path, 1, env, now=1001.0 + restart, preempt_time=lambda job: None, partition_nodes=lambda part: total
     )
@@ -211,10 +217,8 @@ def test_a_bad_node_is_left_out_of_the_requeued_job(tmp_path: Path, slurm_comman
     path = run_dir(tmp_path, max_failures=3)
     assert bad_node_attempt(path, 0, {"node2": "preflight: node2 is slow"}) == 0
     (record,) = ends(path)
-    assert record["requeue"] is True and "leaving out node2" in str(record["message"])
-    assert attempts.excluded(path) == {
-        "node2": {"reason": "preflight: node2 is slow", "attempt": 0, "time": 1001.0}
-    }
+    assert record.requeue is True and "leaving out node2" in record.message
+    assert Exclusions.read(path).hosts == {"node2": Exclusion("preflight: node2 is slow", 0, 1001.0)}
     # Asked whether a node went down (the accounting's events, sinfo); then held while its
     # excluded nodes change, so it cannot start on node2 in between.
     assert [command[0] for command in slurm_commands[:2]] == ["sacctmgr", "sinfo"]
@@ -233,16 +237,16 @@ def test_leaving_out_is_capped_so_the_job_can_still_start(
     assert bad_node_attempt(path, 0, {"node2": "hung"}) == 0
     assert bad_node_attempt(path, 1, {"node3": "hung"}) == 1
     last = ends(path)[-1]
-    assert last["requeue"] is False and "would leave 1 of partition debug's 3 nodes for a job of 2" in str(
-        last["message"]
+    assert last.requeue is False and "would leave 1 of partition debug's 3 nodes for a job of 2" in str(
+        last.message
     )
-    assert list(attempts.excluded(path)) == ["node2"]
+    assert list(Exclusions.read(path).hosts) == ["node2"]
 
 
 def test_a_preflight_failure_without_a_named_node_is_still_final(tmp_path: Path) -> None:
     path = run_dir(tmp_path, max_failures=3)
     assert bad_node_attempt(path, 0, {}) == 1
-    assert ends(path)[-1]["message"] == "preflight failed: not retrying"
+    assert ends(path)[-1].message == "preflight failed: not retrying"
 
 
 def test_a_node_the_job_names_in_its_nodelist_is_not_left_out(tmp_path: Path) -> None:
@@ -250,58 +254,21 @@ def test_a_node_the_job_names_in_its_nodelist_is_not_left_out(tmp_path: Path) ->
         "resources:\n  time: 00:10:00\n  sbatch: {nodelist: 'node[1-2]'}\nrequeue: {max_failures: 3}\n"
     )
     assert bad_node_attempt(tmp_path, 0, {"node2": "preflight failed"}) == 1
-    message = str(ends(tmp_path)[-1]["message"])
+    message = str(ends(tmp_path)[-1].message)
     assert message == (
         "preflight failed: the job's resources.sbatch.nodelist names node2, so it cannot run without it: "
         "not retrying"
     )
 
 
-def test_the_first_failure_record_of_an_attempt_stands_unless_replaced(tmp_path: Path) -> None:
-    def record(error: str, restart: int = 0) -> dict[str, object]:
-        return {"step": 3, "rank": 1, "error": error, "job_id": "7", "restart_count": restart}
-
-    assert attempts.record_failure(tmp_path, record("rank 1 crashed"))
-    assert not attempts.record_failure(tmp_path, record("rank 0: Connection closed by peer"))
-    assert json.loads((tmp_path / FAILURE).read_text())["error"] == "rank 1 crashed"
-    assert attempts.record_failure(tmp_path, record("hang: rank 2 on node3"), replace=True)
-    assert json.loads((tmp_path / FAILURE).read_text())["error"] == "hang: rank 2 on node3"
-    # The next attempt's first record replaces the last attempt's.
-    assert attempts.record_failure(tmp_path, record("again", restart=1))
-    assert json.loads((tmp_path / FAILURE).read_text())["restart_count"] == 1
-
-
-def test_the_run_dir_of_a_refused_pickle_is_the_run_or_the_array_tasks_element(tmp_path: Path) -> None:
-    run = tmp_path / "run"
-    (run / "logs").mkdir(parents=True)
-    assert attempts.run_dir_of(run / "logs", ENV) is None  # not a run directory (yet)
-    (run / "config.yaml").write_text("{}\n")
-    assert attempts.run_dir_of(run / "logs", ENV) == run
-
-    sweep = tmp_path / "sweep"
-    (sweep / "logs").mkdir(parents=True)
-    (sweep / "config.yaml").write_text("{}\n")
-    manifest = {
-        "elements": [{"index": i, "dir": f"{i}-x"} for i in range(3)],
-        # The first array of all three, then element 2 again as a one-element (plain) job.
-        "submissions": [{"elements": [0, 1, 2], "job_id": "50"}, {"elements": [2], "job_id": "60"}],
-    }
-    (sweep / "sweep.json").write_text(json.dumps(manifest))
-    task = {"SLURM_ARRAY_JOB_ID": "50", "SLURM_ARRAY_TASK_ID": "1", "SLURM_JOB_ID": "51"}
-    assert attempts.run_dir_of(sweep / "logs", task) == sweep / "1-x"
-    assert attempts.run_dir_of(sweep / "logs", {"SLURM_JOB_ID": "60"}) == sweep / "2-x"
-    assert attempts.run_dir_of(sweep / "logs", {"SLURM_JOB_ID": "70"}) is None
-
-
 def test_a_refusal_not_to_retry_is_final_whatever_the_budget(tmp_path: Path) -> None:
     path = run_dir(tmp_path, max_failures=3)
     assert attempts.begin(path, ENV, now=1000.0) == 0
-    record = {"step": None, "error": "refusing to unpickle the job X", "retry": False, "time": 1.0}
-    attempts.record_failure(path, {**record, "job_id": "77", "restart_count": 0})
+    Failure(None, 0, "refusing to unpickle the job X", AttemptId("77", 0), 1.0, retry=False).write(path)
     attempts.end(path, 1, ENV, now=1001.0, preempt_time=lambda job: None, time_left=lambda job: 60.0)
     (last,) = ends(path)
-    assert (last["reason"], last["requeue"], last["final"]) == ("failure", False, True)
-    assert last["message"] == "refusing to unpickle the job X: not retrying"
+    assert (last.reason, last.requeue, last.final) == ("failure", False, True)
+    assert last.message == "refusing to unpickle the job X: not retrying"
 
 
 def test_a_node_that_went_down_under_a_killed_attempt_is_left_out(tmp_path: Path) -> None:
@@ -319,17 +286,17 @@ def test_a_node_that_went_down_under_a_killed_attempt_is_left_out(tmp_path: Path
     env = {**ENV, "SLURM_RESTART_COUNT": "1", "SLURM_JOB_NODELIST": "node[1,3]"}
     assert attempts.begin(path, env, now=1100.0, failed_nodes=failed, partition_nodes=lambda p: 3) == 0
     assert asked == [(["node1", "node2"], 1000.0)]
-    assert attempts.excluded(path)["node2"]["reason"] == "went down under attempt 0 (DOWN: Not responding)"
-    assert [r["reason"] for r in ends(path)] == ["killed"]
+    assert Exclusions.read(path).hosts["node2"].reason == "went down under attempt 0 (DOWN: Not responding)"
+    assert [r.reason for r in ends(path)] == ["killed"]
 
 
 def test_nodes_are_not_asked_about_after_an_attempt_that_ended_well(tmp_path: Path) -> None:
     path = run_dir(tmp_path)
-    attempt(path, 0, stop=True, preempt="2026-11-23T05:00:00")
+    attempt(path, 0, stopped=True, preempt="2026-11-23T05:00:00")
     asked: list[list[str]] = []
     env = {**ENV, "SLURM_RESTART_COUNT": "1"}
     attempts.begin(path, env, now=1100.0, failed_nodes=lambda nodes, since: asked.append(nodes) or {})
-    assert asked == [] and attempts.excluded(path) == {}
+    assert asked == [] and Exclusions.read(path).hosts == {}
 
 
 def test_a_node_that_went_down_under_the_attempt_explains_its_end(tmp_path: Path) -> None:
@@ -337,10 +304,7 @@ def test_a_node_that_went_down_under_the_attempt_explains_its_end(tmp_path: Path
     path = run_dir(tmp_path)
     assert attempts.begin(path, ENV, now=time.time() - 30, failed_nodes=lambda nodes, since: {}) == 0
     now = time.time()
-    me = {"job_id": "77", "restart_count": 0}
-    (path / "stop.json").write_text(
-        json.dumps({"step": 8, "signal": "SIGTERM", "signal_at": now - 1, "time": now, **me})
-    )
+    stop(path, 8, signal_at=now - 1)
     attempts.end(
         path,
         0,
@@ -352,7 +316,18 @@ def test_a_node_that_went_down_under_the_attempt_explains_its_end(tmp_path: Path
         failed_nodes=lambda nodes, since: {"node2": "DOWN: Not responding"},
     )
     (record,) = ends(path)
-    assert record["reason"] == "failure" and record["requeue"] is True
-    assert "node2 went down under attempt 0 (DOWN: Not responding)" in str(record["message"])
-    assert "srun ending" not in str(record["message"])
-    assert list(attempts.excluded(path)) == ["node2"]
+    assert record.reason == "failure" and record.requeue is True
+    assert "node2 went down under attempt 0 (DOWN: Not responding)" in record.message
+    assert "srun ending" not in record.message
+    assert list(Exclusions.read(path).hosts) == ["node2"]
+
+
+def test_the_policy_reads_the_runs_sections_through_the_schema(tmp_path: Path) -> None:
+    settings = requeue.Settings.of_run(run_dir(tmp_path, max_failures=5))
+    defaults = Requeue()
+    assert (settings.budget("failure"), settings.budget("timeout")) == (5, defaults.max_timeouts)
+    assert settings.requeue.signal_lead_s == defaults.signal_lead_s
+    # Only its own sections: another section's checks (a tracker this Python lacks) are the ranks'.
+    (tmp_path / "config.yaml").write_text("requeue: {max_failures: -2}\ntrackers: {mlflow: true}\n")
+    with pytest.raises(ConfigError, match=r"config.yaml: requeue: requeue.max_failures: must be >= -1"):
+        requeue.Settings.of_run(tmp_path)

@@ -14,8 +14,9 @@ from conftest import ROOT
 from slurmddp.errors import ConfigError
 from slurmddp.experiment.load import load_experiment
 from slurmddp.experiment.schema import Preflight
-from slurmddp.job import attempts, preflight
+from slurmddp.job import preflight, requeue
 from slurmddp.job.preflight import Link, RankReport
+from slurmddp.job.records import AttemptId, Failure
 
 MB4 = 4 * 2**20
 
@@ -134,12 +135,9 @@ def test_config_section_defaults_and_errors(tmp_path: Path) -> None:
 def test_a_preflight_failure_is_not_requeued(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     (tmp_path / "config.yaml").write_text("requeue:\n  max_failures: 3\n")
     env = {"SLURM_JOB_ID": "7", "SLURM_RESTART_COUNT": "0"}
-    (tmp_path / "failure.json").write_text(
-        json.dumps(
-            {"step": None, "retry": False, "error": "preflight failed: n2", "job_id": "7", "restart_count": 0}
-        )
-    )
-    decision = attempts.decide(tmp_path, 1, env, preempt_time=lambda job: None)
+    Failure(None, 0, "preflight failed: n2", AttemptId("7", 0), 1.0, retry=False).write(tmp_path)
+    settings = requeue.Settings.of_run(tmp_path)
+    decision = requeue.decide(tmp_path, 1, env, settings, preempt_time=lambda job: None)
     assert not decision.requeue and decision.message == "preflight failed: n2: not retrying"
 
 

@@ -3,11 +3,11 @@ script's requeue decision reads them."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from slurmddp.defaults import EXIT_FINISHED
-from slurmddp.job import attempts
+from slurmddp.job import attempts, records
+from slurmddp.job.records import CANCELLED, AttemptId, End, Failure, Resubmit, Stop
 
 ENV = {
     "SLURM_JOB_ID": "91",
@@ -28,13 +28,12 @@ def test_a_cancelled_run_is_neither_requeued_nor_started_again(
 ) -> None:
     run = element(tmp_path)
     assert attempts.begin(run, ENV, now=1.0) == 0
-    attempts.mark(
-        run, {"event": "end", "reason": "cancelled", "final": True, "message": "cancelled by the user"}
-    )
+    cancelled = End(CANCELLED, None, 1.5, requeue=False, final=True, message="cancelled by the user")
+    records.append_attempt(run, cancelled)
     # Rank 0's stop path (or the batch script) after the user's cancel: no requeue, no record.
-    (run / "stop.json").write_text(json.dumps({"step": 5, "job_id": "91", "restart_count": 0}))
+    Stop(5, "SIGTERM", None, AttemptId("91", 0), 1.8).write(run)
     assert attempts.end(run, 0, ENV, now=2.0, preempt_time=lambda job: None) == 1
-    assert slurm_commands == [] and attempts.read_attempts(run)[-1]["reason"] == "cancelled"
+    assert slurm_commands == [] and records.read_attempts(run)[-1] == cancelled
     assert attempts.begin(run, {**ENV, "SLURM_RESTART_COUNT": "1"}, now=3.0) == EXIT_FINISHED
 
 
@@ -45,16 +44,15 @@ def test_a_resubmitted_run_starts_again_with_fresh_budgets(
     for restart in range(2):
         env = {**ENV, "SLURM_RESTART_COUNT": str(restart)}
         assert attempts.begin(run, env, now=10.0 * restart) == 0
-        (run / "failure.json").write_text(
-            json.dumps({"step": restart, "job_id": "91", "restart_count": restart})
-        )
+        Failure(restart, 0, "crashed", AttemptId("91", restart), 10.0 * restart + 4).write(run)
         attempts.end(run, 1, env, now=10.0 * restart + 5, preempt_time=lambda job: None)
-    assert attempts.final_end(attempts.read_attempts(run))["message"].startswith("failure budget spent")  # type: ignore[index]
-    attempts.mark(run, {"event": "resubmit", "time": 30.0})
+    final = records.final_end(records.read_attempts(run))
+    assert final is not None and final.message.startswith("failure budget spent")
+    records.append_attempt(run, Resubmit(30.0, ["resubmit", str(run)]))
     new = {**ENV, "SLURM_JOB_ID": "95", "SLURM_ARRAY_JOB_ID": "94", "SLURM_ARRAY_TASK_ID": "0"}
     assert attempts.begin(run, new, now=31.0) == 0
-    (run / "failure.json").write_text(json.dumps({"step": 7, "job_id": "95", "restart_count": 0}))
+    Failure(7, 0, "crashed", AttemptId("95", 0), 31.5).write(run)
     attempts.end(run, 1, new, now=32.0, preempt_time=lambda job: None)
-    last = attempts.read_attempts(run)[-1]
-    assert last["requeue"] is True and "requeue 1 (budget 1)" in last["message"]
+    last = records.read_attempts(run)[-1]
+    assert isinstance(last, End) and last.requeue is True and "requeue 1 (budget 1)" in last.message
     assert slurm_commands[-1] == ["scontrol", "requeue", "94_0"]

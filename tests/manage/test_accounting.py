@@ -15,6 +15,8 @@ import pytest
 
 from slurmddp.cli.main import main
 from slurmddp.cluster.slurm import ACCOUNTING_FIELDS, Allocation, JobState, parse_sacct_time
+from slurmddp.defaults import EndReason
+from slurmddp.job.records import AttemptEvent, AttemptId, Begin, End, Resubmit, append_attempt
 from slurmddp.manage import accounting, runs
 from slurmddp.manage.accounting import Usage
 
@@ -34,15 +36,13 @@ def allocation(job: str, raw: str, state: JobState, start: str, end: str | None,
     return replace(base, **kw)
 
 
-def end_record(job: str, clock: str, reason: str, requeue: bool, step: int | None = 100) -> dict[str, Any]:
-    return {
-        "event": "end",
-        "job_id": job,
-        "time": at(clock),
-        "reason": reason,
-        "requeue": requeue,
-        "step": step,
-    }
+def end_record(job: str, clock: str, reason: EndReason, requeue: bool, step: int | None = 100) -> End:
+    message = "completed" if reason == "completed" else f"{reason} at step {step}"
+    return End(reason, step, at(clock), requeue, not requeue, message, attempt_id=AttemptId(job, 0))
+
+
+def begin_record(job: str, clock: str) -> Begin:
+    return Begin(0, at(clock), "node1", "node1", AttemptId(job, 0))
 
 
 # ---- the sums ----
@@ -134,8 +134,9 @@ def fake_tool(folder: Path, name: str, script: str) -> None:
     path.chmod(path.stat().st_mode | stat.S_IXUSR)
 
 
-def write_lines(path: Path, records: list[dict[str, Any]]) -> None:
-    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+def write_lines(run_dir: Path, events: list[AttemptEvent]) -> None:
+    for event in events:
+        append_attempt(run_dir, event)
 
 
 @pytest.fixture
@@ -176,33 +177,32 @@ def sweep(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
         ],
     }
     (root / "sweep.json").write_text(json.dumps(manifest))
-    begin = {"event": "begin"}
     write_lines(
-        root / dirs[0] / "attempts.jsonl",
+        root / dirs[0],
         [
-            {**begin, "time": at("10:00:01"), "job_id": "41"},
-            {**end_record("41", "10:09:50", "preemption", True, step=500), "final": False},
-            {**begin, "time": at("10:12:01"), "job_id": "41"},
-            {**end_record("41", "10:19:59", "completed", False, step=1000), "final": True},
+            begin_record("41", "10:00:01"),
+            end_record("41", "10:09:50", "preemption", True, step=500),
+            begin_record("41", "10:12:01"),
+            end_record("41", "10:19:59", "completed", False, step=1000),
         ],
     )
     write_lines(
-        root / dirs[1] / "attempts.jsonl",
+        root / dirs[1],
         [
-            {**begin, "time": at("10:00:01"), "job_id": "40"},
-            {**end_record("40", "10:29:59", "completed", False, step=1000), "final": True},
+            begin_record("40", "10:00:01"),
+            end_record("40", "10:29:59", "completed", False, step=1000),
         ],
     )
     write_lines(
-        root / dirs[2] / "attempts.jsonl",
+        root / dirs[2],
         [
-            {**begin, "time": at("10:00:01"), "job_id": "42"},
-            {**end_record("42", "10:04:59", "failure", True, step=30), "final": False},
-            {**begin, "time": at("10:06:01"), "job_id": "42"},
-            {**end_record("42", "10:07:59", "failure", False, step=30), "final": True},
-            {"event": "resubmit", "time": at("10:59:00")},
-            {**begin, "time": at("11:00:01"), "job_id": "45"},
-            {**end_record("45", "11:09:59", "completed", False, step=1000), "final": True},
+            begin_record("42", "10:00:01"),
+            end_record("42", "10:04:59", "failure", True, step=30),
+            begin_record("42", "10:06:01"),
+            end_record("42", "10:07:59", "failure", False, step=30),
+            Resubmit(at("10:59:00"), ["resubmit"]),
+            begin_record("45", "11:00:01"),
+            end_record("45", "11:09:59", "completed", False, step=1000),
         ],
     )
     for name, loss in zip(dirs, (0.5, 0.25, 0.75), strict=True):

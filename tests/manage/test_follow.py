@@ -4,6 +4,7 @@ job in a temp run directory, as plain lines off a terminal and as a rich live li
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import os
@@ -16,39 +17,49 @@ from typing import cast
 
 import pytest
 
-from slurmddp.files import write_json
+from slurmddp.job.records import AttemptId, LoopProgress, Progress
 from slurmddp.manage import follow as follow_module
 from slurmddp.manage.follow import LatestMetrics, StepRate, follow, format_metrics, progress_line
 from slurmddp.submit.submitter import Submission
 
 
+def loop_progress(step: int, restart: int = 0, **position: int | None) -> Progress:
+    fields = {"total_steps": None, "epoch": None, "epochs": None, **position}
+    loop = LoopProgress(fields["total_steps"], fields["epoch"], fields["epochs"], 0.0, None)
+    return Progress(step, AttemptId("5", restart), 1.0, loop)
+
+
 def test_the_line_says_step_speed_eta_epoch_attempt_and_metrics() -> None:
     # The loop counts epochs from 0; the line, from 1.
-    progress = {"step": 1200, "time": 1.0, "restart_count": 1, "total_steps": 5000, "epoch": 2, "epochs": 10}
+    progress = loop_progress(1200, 1, total_steps=5000, epoch=2, epochs=10)
     metrics = {"step": 1200, "time": 1.0, "loss": 0.412345, "val_acc": 0.95}
     assert progress_line(progress, metrics, 40.0) == (
         "step 1200/5000 (24%)  40 steps/s  ETA 0:01:35  epoch 3/10  attempt 2  loss=0.4123 val_acc=0.9500"
     )
 
 
-def test_a_run_without_total_epochs_or_metrics_shows_what_it_knows() -> None:
+def test_a_run_without_total_epochs_or_metrics_shows_what_it_knows(tmp_path: Path) -> None:
     # progress.json as rank 0 wrote it before total_steps and epochs were added.
-    old = {"step": 7, "time": 1.0, "last_save_s": 0.0, "job_id": "5", "restart_count": 0}
+    (tmp_path / "progress.json").write_text(
+        '{"step": 7, "time": 1.0, "last_save_s": 0.0, "job_id": "5", "restart_count": 0}'
+    )
+    old = Progress.read(tmp_path)
+    assert old is not None and old.loop is not None and old.loop.last_save_s == 0.0
     assert progress_line(old, {}, None) == "step 7  ? steps/s  ETA ?  attempt 1"
     assert progress_line(old, {}, 2.5) == "step 7  2.5 steps/s  ETA ?  attempt 1"
     # A loop without `data` has no epochs.
-    no_epochs = {**old, "total_steps": 10, "epoch": 0, "epochs": None}
+    no_epochs = loop_progress(7, total_steps=10, epoch=0)
     assert progress_line(no_epochs, {}, None) == "step 7/10 (70%)  ? steps/s  ETA ?  attempt 1"
 
 
 def test_eta_counts_hours_past_a_day_and_speed_keeps_three_digits() -> None:
-    progress = {"step": 0, "time": 1.0, "restart_count": 0, "total_steps": 1_000_000}
+    progress = loop_progress(0, total_steps=1_000_000)
     assert "10 steps/s  ETA 27:46:40" in progress_line(progress, {}, 10.0)
     assert "12346 steps/s  ETA 0:01:21" in progress_line(progress, {}, 12345.6)
     assert "0.00123 steps/s" in progress_line(progress, {}, 0.00123)
     assert "ETA ?" in progress_line(progress, {}, 0.0)
     # A record past the total (a loop that ran on) is not an ETA in the past.
-    assert "ETA 0:00:00" in progress_line({**progress, "step": 1_000_001}, {}, 10.0)
+    assert "ETA 0:00:00" in progress_line(dataclasses.replace(progress, step=1_000_001), {}, 10.0)
 
 
 def test_metrics_are_the_first_four_numbers_to_four_digits() -> None:
@@ -60,16 +71,16 @@ def test_metrics_are_the_first_four_numbers_to_four_digits() -> None:
 
 def test_speed_is_smoothed_within_an_attempt_and_starts_over_with_the_next() -> None:
     rate = StepRate()
-    assert rate.update({"step": 0, "time": 100.0, "restart_count": 0}) is None
-    assert rate.update({"step": 20, "time": 102.0, "restart_count": 0}) == pytest.approx(10.0)
+    assert rate.update(Progress(0, AttemptId("5", 0), 100.0)) is None
+    assert rate.update(Progress(20, AttemptId("5", 0), 102.0)) == pytest.approx(10.0)
     # The same record read again (rank 0 has not written since) changes nothing.
-    assert rate.update({"step": 20, "time": 102.0, "restart_count": 0}) == pytest.approx(10.0)
-    assert rate.update({"step": 60, "time": 104.0, "restart_count": 0}) == pytest.approx(13.0)
+    assert rate.update(Progress(20, AttemptId("5", 0), 102.0)) == pytest.approx(10.0)
+    assert rate.update(Progress(60, AttemptId("5", 0), 104.0)) == pytest.approx(13.0)
     # The requeued attempt resumes at its checkpoint, behind the last record.
-    assert rate.update({"step": 40, "time": 300.0, "restart_count": 1}) is None
-    assert rate.update({"step": 44, "time": 302.0, "restart_count": 1}) == pytest.approx(2.0)
-    # Old runs' records lack restart_count; a step going back is a new attempt all the same.
-    assert rate.update({"step": 10, "time": 400.0}) is None
+    assert rate.update(Progress(40, AttemptId("5", 1), 300.0)) is None
+    assert rate.update(Progress(44, AttemptId("5", 1), 302.0)) == pytest.approx(2.0)
+    # Old runs' records lack restart_count (read as 0); a step going back is a new attempt all the same.
+    assert rate.update(Progress(10, AttemptId("5", 0), 400.0)) is None
 
 
 def test_latest_metrics_reads_on_from_where_it_stopped_and_through_rewrites(tmp_path: Path) -> None:
@@ -144,8 +155,8 @@ def run_fake_job(sub: FakeSubmission, total: int = 30, every_s: float = 0.03) ->
             metrics.write_text("\n".join(kept) + "\n")
         with metrics.open("a") as handle:
             handle.write(json.dumps({"step": step, "time": time.time(), "loss": 1 / (step + 1)}) + "\n")
-        record = {"step": step, "time": time.time(), "restart_count": restart_count, "total_steps": total}
-        write_json(run_dir / "progress.json", {**record, "job_id": sub.job_id, "epoch": 0, "epochs": 1})
+        position = LoopProgress(total_steps=total, epoch=0, epochs=1, last_save_s=0.0, global_batch=None)
+        Progress(step, AttemptId(sub.job_id, restart_count), time.time(), position).write(run_dir)
         time.sleep(every_s)
     with (sub.plan.folder / f"{sub.job_id}_0_result.pkl").open("wb") as handle:
         pickle.dump(("success", None), handle)

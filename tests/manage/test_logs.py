@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from slurmddp.cluster import slurm
+from slurmddp.job.records import CANCELLED, End, append_attempt
 from slurmddp.manage import logs, runs
 
 
@@ -18,8 +19,8 @@ def cancelled_run(tmp_path: Path) -> runs.Target:
     (run / "logs").mkdir(parents=True)
     manifest = {"job_id": "7", "logs": str(run / "logs"), "executor": "slurm", "world_size": 1}
     (run / "manifest.json").write_text(json.dumps(manifest))
-    end = {"event": "end", "reason": "cancelled", "final": True, "attempt": 0, "step": 3}
-    (run / "attempts.jsonl").write_text(json.dumps(end) + "\n")
+    end = End(CANCELLED, 3, 1.0, requeue=False, final=True, message="cancelled by the user", attempt=0)
+    append_attempt(run, end)
     (run / "logs" / "7_0_log.err").write_text("rank 0 started\n")
     return runs.load(run)
 

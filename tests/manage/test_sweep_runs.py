@@ -10,6 +10,7 @@ import pytest
 
 from slurmddp.cluster import slurm
 from slurmddp.errors import SlurmddpError
+from slurmddp.job.records import AttemptEvent, AttemptId, Begin, End, append_attempt
 from slurmddp.manage import index, report, runs
 
 
@@ -35,13 +36,15 @@ def test_status_rows_read_the_run_directories(tmp_path: Path, monkeypatch: pytes
             }
         )
     )
-    lines = [
-        {"event": "begin", "time": 100.0},
-        {"event": "end", "time": 130.0, "reason": "preemption", "final": False, "requeue": True},
-        {"event": "begin", "time": 150.0},
-        {"event": "end", "time": 170.0, "reason": "completed", "final": True, "requeue": False},
+    task = AttemptId("40_0", 0)
+    lines: list[AttemptEvent] = [
+        Begin(0, 100.0, "node1", "node1", task),
+        End("preemption", 10, 130.0, requeue=True, final=False, message="preemption", attempt=0),
+        Begin(1, 150.0, "node1", "node1", task),
+        End("completed", 20, 170.0, requeue=False, final=True, message="completed", attempt=1),
     ]
-    (sweep / dirs[0] / "attempts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    for line in lines:
+        append_attempt(sweep / dirs[0], line)
     (sweep / dirs[0] / "metrics.jsonl").write_text(
         '{"step": 0, "loss": 2.5}\n{"step": 50, "perf/samples_per_s": 812.34, "perf/step_s": 0.08}\n'
         '{"step": 90, "loss": 1.5}\n{"step"'

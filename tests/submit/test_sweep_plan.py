@@ -13,7 +13,7 @@ from conftest import ROOT, write_sweep
 from slurmddp.cli.main import main
 from slurmddp.errors import ConfigError, SubmitError
 from slurmddp.experiment.load import expand, load_experiment
-from slurmddp.job import attempts
+from slurmddp.job import records
 from slurmddp.submit import submitter
 from slurmddp.submit.plan import SubmissionPlan
 from slurmddp.submit.planner import plan_for
@@ -70,10 +70,10 @@ def test_the_array_script_limits_parallelism_and_finds_its_element(tmp_path: Pat
     # The batch side resolves SWEEP_DIR + submission + array task to the element's directory.
     manifest = {"elements": [{"dir": e.dir_name} for e in elements], "submissions": [{"elements": [5, 2]}]}
     (tmp_path / "sweep.json").write_text(json.dumps(manifest))
-    found = attempts.element_dir(tmp_path, 0, {"SLURM_ARRAY_TASK_ID": "1"})
+    found = records.element_dir(tmp_path, 0, {"SLURM_ARRAY_TASK_ID": "1"})
     assert found == tmp_path / elements[2].dir_name
     # A one-element resubmission is a plain job: no array task id.
-    assert attempts.element_dir(tmp_path, 0, {}) == tmp_path / elements[5].dir_name
+    assert records.element_dir(tmp_path, 0, {}) == tmp_path / elements[5].dir_name
 
 
 def test_an_array_over_max_array_size_is_refused() -> None:

@@ -1,0 +1,439 @@
+"""What the run directory holds, as typed records: one class a file, each with one read and one
+write. The batch script, the ranks and the login-node commands each read what another wrote, so
+the JSON keys are the contract: they stay as runs written by earlier versions have them.
+
+    progress.json   Progress     rank 0: how far the attempt got
+    stop.json       Stop         rank 0: where the ranks stopped after a stop signal
+    failure.json    Failure      a rank's crash, a hang, a failed preflight, a refused job
+    interrupt.json  Interrupt    `slurmddp interrupt`: the reason its signal stands for
+    attempts.jsonl  Begin, End, Resubmit: every attempt's begin and end, and each resubmit
+    excluded.json   Exclusions   hosts the run leaves out, and why
+    result.json     completed_by: whether an attempt's ranks all returned (job/runtime.py writes it)
+
+Records of one attempt name it (AttemptId): a file left by an earlier attempt is not this one's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, cast
+
+from slurmddp.defaults import EndReason, RequeueReason
+from slurmddp.files import write_json
+from slurmddp.layout import ATTEMPTS, CONFIG, EXCLUDED, FAILURE, INTERRUPT, PROGRESS, RESULT, STOP, SWEEP
+
+CANCELLED: EndReason = "cancelled"
+"""The reason `slurmddp cancel` records: final, and never requeued."""
+
+
+@dataclass(frozen=True)
+class AttemptId:
+    """One attempt of a job: Slurm keeps the job id across requeues and counts the restarts."""
+
+    job_id: str
+    restart_count: int
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> AttemptId:
+        return cls(env.get("SLURM_JOB_ID", ""), int(env.get("SLURM_RESTART_COUNT") or 0))
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> AttemptId:
+        return cls(str(data.get("job_id", "")), int(data.get("restart_count") or 0))
+
+    def to_json(self) -> dict[str, Any]:
+        return {"job_id": self.job_id, "restart_count": self.restart_count}
+
+    def wrote(self, data: Mapping[str, Any]) -> bool:
+        """Whether this attempt wrote the record `data` (a record without the keys is nobody's)."""
+        return str(data.get("job_id")) == self.job_id and data.get("restart_count") == self.restart_count
+
+
+def _read_object(path: Path) -> dict[str, Any] | None:
+    """The JSON object at `path`; None when it is missing, torn or not an object."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _without_none(data: Mapping[str, Any]) -> dict[str, Any]:
+    """The keys a writer filled: where two writers of a file differ, each leaves the other's out."""
+    return {key: value for key, value in data.items() if value is not None}
+
+
+def completed_by(run_dir: Path, attempt: AttemptId) -> bool:
+    """Whether `attempt` wrote result.json: every rank returned from the function."""
+    data = _read_object(run_dir / RESULT)
+    return data is not None and attempt.wrote(data)
+
+
+@dataclass(frozen=True)
+class LoopProgress:
+    """What ctx.loop knows besides the step (a script rank knows only its step count)."""
+
+    total_steps: int | None
+    epoch: int | None
+    epochs: int | None
+    last_save_s: float
+    global_batch: int | None
+    """What a resubmit onto another number of ranks must split (ctx.loader's)."""
+
+
+@dataclass(frozen=True)
+class Progress:
+    """progress.json, refreshed by rank 0 every few seconds."""
+
+    step: int
+    attempt: AttemptId
+    time: float
+    loop: LoopProgress | None = None
+
+    @classmethod
+    def read(cls, run_dir: Path) -> Progress | None:
+        data = _read_object(run_dir / PROGRESS)
+        if data is None or not isinstance(data.get("step"), int):
+            return None
+        loop = None
+        # last_save_s: the loop's from the first version on; total_steps and epochs came later.
+        if "last_save_s" in data or "total_steps" in data:
+            loop = LoopProgress(
+                data.get("total_steps"),
+                data.get("epoch"),
+                data.get("epochs"),
+                float(data.get("last_save_s") or 0.0),
+                data.get("global_batch"),
+            )
+        return cls(data["step"], AttemptId.from_json(data), float(data.get("time") or 0.0), loop)
+
+    def write(self, run_dir: Path) -> None:
+        loop = {} if self.loop is None else vars(self.loop)
+        write_json(
+            run_dir / PROGRESS, {"step": self.step, "time": self.time, **loop, **self.attempt.to_json()}
+        )
+
+
+@dataclass(frozen=True)
+class Stop:
+    """stop.json: rank 0 after a stop signal, once every rank stopped."""
+
+    step: int | None
+    """The loop's step; None for a script rank, whose steps are the script's."""
+    signal: str
+    signal_at: float | None
+    attempt: AttemptId
+    time: float
+    save_s: float | None = None
+    """ctx.loop: how long the stop's checkpoint took."""
+    script_status: int | None = None
+    """A script rank: the script's exit status after the SIGTERM passed on to it."""
+
+    @classmethod
+    def read_for(cls, run_dir: Path, attempt: AttemptId) -> Stop | None:
+        """The stop of `attempt`; None when this attempt was not told to stop."""
+        data = _read_object(run_dir / STOP)
+        if data is None or not attempt.wrote(data):
+            return None
+        return cls(
+            data.get("step"),
+            str(data.get("signal", "a stop signal")),
+            data.get("signal_at"),
+            attempt,
+            float(data.get("time") or 0.0),
+            data.get("save_s"),
+            data.get("script_status"),
+        )
+
+    def write(self, run_dir: Path) -> None:
+        fields = {"save_s": self.save_s, "script_status": self.script_status}
+        write_json(
+            run_dir / STOP,
+            {
+                "step": self.step,
+                "signal": self.signal,
+                "signal_at": self.signal_at,
+                "time": self.time,
+                **_without_none(fields),
+                **self.attempt.to_json(),
+            },
+        )
+
+
+@dataclass(frozen=True)
+class Failure:
+    """failure.json: why the attempt failed, for the failure budget and the hosts to leave out."""
+
+    step: int | None
+    rank: int
+    error: str
+    attempt: AttemptId
+    time: float
+    bad_hosts: dict[str, str] | None = None
+    """Hosts found broken, with why: the requeued job runs without them."""
+    retry: bool | None = None
+    """False: the same job would fail the same way (a refused pickle, a failed preflight)."""
+    cause: str | None = None
+    """The watchdog's diagnosis of a hang."""
+    hang_dir: str | None = None
+
+    @classmethod
+    def read_for(cls, run_dir: Path, attempt: AttemptId) -> Failure | None:
+        """The failure of `attempt`; None when it recorded none."""
+        data = _read_object(run_dir / FAILURE)
+        if data is None or not attempt.wrote(data):
+            return None
+        return cls(
+            data.get("step"),
+            int(data.get("rank") or 0),
+            str(data.get("error", "")),
+            attempt,
+            float(data.get("time") or 0.0),
+            data.get("bad_hosts"),
+            data.get("retry"),
+            data.get("cause"),
+            data.get("hang_dir"),
+        )
+
+    def write(self, run_dir: Path, *, replace: bool = False) -> bool:
+        """Write it unless this attempt recorded a failure already; whether it was written. The
+        first record of an attempt stands: what crashed first is the cause, and the errors of the
+        ranks it left behind ("Connection closed by peer") are consequences. `replace`: a verdict
+        that outranks any of those (the watchdog's diagnosis of a hang, a failed preflight, which
+        runs before any step)."""
+        if not replace and Failure.read_for(run_dir, self.attempt) is not None:
+            return False
+        optional = {
+            "bad_hosts": self.bad_hosts,
+            "retry": self.retry,
+            "cause": self.cause,
+            "hang_dir": self.hang_dir,
+        }
+        write_json(
+            run_dir / FAILURE,
+            {
+                "step": self.step,
+                "rank": self.rank,
+                "error": self.error,
+                "time": self.time,
+                **_without_none(optional),
+                **self.attempt.to_json(),
+            },
+        )
+        return True
+
+
+@dataclass(frozen=True)
+class Interrupt:
+    """interrupt.json: `slurmddp interrupt` sent the stop signal, as a preemption or a timeout."""
+
+    reason: RequeueReason
+    attempt: AttemptId
+
+    @classmethod
+    def read_for(cls, run_dir: Path, attempt: AttemptId) -> Interrupt | None:
+        data = _read_object(run_dir / INTERRUPT)
+        if data is None or not attempt.wrote(data):
+            return None
+        return cls(cast(RequeueReason, data["reason"]), attempt)
+
+    def write(self, run_dir: Path) -> None:
+        write_json(run_dir / INTERRUPT, {"reason": self.reason, **self.attempt.to_json()})
+
+
+@dataclass(frozen=True)
+class Begin:
+    """attempts.jsonl: the batch script starts an attempt."""
+
+    attempt: int
+    time: float
+    host: str
+    nodes: str
+    """The job's nodes (SLURM_JOB_NODELIST), in Slurm's host list syntax."""
+    attempt_id: AttemptId
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "event": "begin",
+            "attempt": self.attempt,
+            "time": self.time,
+            "host": self.host,
+            "nodes": self.nodes,
+            **self.attempt_id.to_json(),
+        }
+
+
+@dataclass(frozen=True)
+class End:
+    """attempts.jsonl: how an attempt ended, and whether the job went around again."""
+
+    reason: EndReason
+    step: int | None
+    time: float
+    requeue: bool
+    final: bool
+    message: str
+    attempt: int | None = None
+    """None: a cancel, which ends the run rather than one attempt."""
+    status: int | None = None
+    """srun's exit status; None where the batch script did not see it end."""
+    attempt_id: AttemptId | None = None
+    """None where written from outside the attempt (a cancel, an attempt found killed)."""
+
+    def to_json(self) -> dict[str, Any]:
+        known = {"attempt": self.attempt, "status": self.status}
+        return {
+            "event": "end",
+            "reason": self.reason,
+            "step": self.step,
+            "time": self.time,
+            "requeue": self.requeue,
+            "final": self.final,
+            "message": self.message,
+            **_without_none(known),
+            **(self.attempt_id.to_json() if self.attempt_id is not None else {}),
+        }
+
+
+@dataclass(frozen=True)
+class Resubmit:
+    """attempts.jsonl: `slurmddp resubmit` submitted the run again: its budgets start afresh."""
+
+    time: float
+    argv: list[str]
+    changed: list[str] | None = None
+    """A single run's resubmit: the config keys it changed."""
+    ranks: list[int] | None = None
+    """A single run's resubmit: the number of ranks before and after."""
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "event": "resubmit",
+            "time": self.time,
+            "argv": self.argv,
+            **_without_none({"changed": self.changed, "ranks": self.ranks}),
+        }
+
+
+AttemptEvent = Begin | End | Resubmit
+
+
+def _event(data: Mapping[str, Any]) -> AttemptEvent:
+    if data["event"] == "begin":
+        return Begin(
+            int(data.get("attempt") or 0),
+            float(data["time"]),
+            str(data.get("host", "")),
+            str(data.get("nodes") or ""),
+            AttemptId.from_json(data),
+        )
+    if data["event"] == "end":
+        return End(
+            cast(EndReason, data["reason"]),
+            data.get("step"),
+            float(data.get("time") or 0.0),
+            bool(data.get("requeue")),
+            bool(data.get("final")),
+            str(data.get("message", "")),
+            data.get("attempt"),
+            data.get("status"),
+            AttemptId.from_json(data) if "job_id" in data else None,
+        )
+    return Resubmit(
+        float(data.get("time") or 0.0), list(data.get("argv", [])), data.get("changed"), data.get("ranks")
+    )
+
+
+def read_attempts(run_dir: Path) -> list[AttemptEvent]:
+    path = run_dir / ATTEMPTS
+    if not path.is_file():
+        return []
+    return [_event(json.loads(line)) for line in path.read_text().splitlines() if line.strip()]
+
+
+def append_attempt(run_dir: Path, event: AttemptEvent) -> None:
+    """Add a line: appended and fsynced, never rewritten (the batch script and `cancel` may write
+    at once)."""
+    with (run_dir / ATTEMPTS).open("a") as handle:
+        handle.write(json.dumps(event.to_json(), sort_keys=True) + "\n")
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+def current(events: Sequence[AttemptEvent]) -> list[AttemptEvent]:
+    """The records since the last resubmit: a resubmitted run starts with fresh budgets."""
+    marks = [i for i, event in enumerate(events) if isinstance(event, Resubmit)]
+    return list(events[marks[-1] + 1 :] if marks else events)
+
+
+def begins(events: Sequence[AttemptEvent]) -> list[Begin]:
+    return [event for event in events if isinstance(event, Begin)]
+
+
+def ends(events: Sequence[AttemptEvent]) -> list[End]:
+    return [event for event in events if isinstance(event, End)]
+
+
+def final_end(events: Sequence[AttemptEvent]) -> End | None:
+    """The record that ended the run for good (completed, cancelled, out of budget), if any."""
+    found = ends(current(events))
+    return found[-1] if found and found[-1].final else None
+
+
+@dataclass(frozen=True)
+class Exclusion:
+    reason: str
+    attempt: int
+    time: float
+
+
+@dataclass(frozen=True)
+class Exclusions:
+    """excluded.json: the hosts this run leaves out, oldest first."""
+
+    hosts: dict[str, Exclusion] = field(default_factory=dict)
+
+    @classmethod
+    def read(cls, run_dir: Path) -> Exclusions:
+        data = _read_object(run_dir / EXCLUDED)
+        hosts = data.get("hosts") if data is not None else None
+        if not isinstance(hosts, dict):
+            return cls()
+        return cls(
+            {host: Exclusion(str(why["reason"]), why["attempt"], why["time"]) for host, why in hosts.items()}
+        )
+
+    def adding(self, found: Mapping[str, str], attempt: int, now: float) -> Exclusions:
+        """These and the hosts `found` (with why), left out from attempt `attempt` on."""
+        return Exclusions(
+            {**self.hosts, **{host: Exclusion(why, attempt, now) for host, why in found.items()}}
+        )
+
+    def write(self, run_dir: Path) -> None:
+        write_json(run_dir / EXCLUDED, {"hosts": {host: vars(why) for host, why in self.hosts.items()}})
+
+
+def run_dir_of(folder: Path, env: Mapping[str, str]) -> Path | None:
+    """The run directory of the job whose submitit folder is `folder` (RUN_DIR/logs, or a sweep's
+    SWEEP_DIR/logs, where the array task's own element is looked up by its job id); None when it
+    cannot be told (a submission whose job id is not recorded yet)."""
+    parent = folder.parent
+    if (parent / SWEEP).is_file():
+        manifest = json.loads((parent / SWEEP).read_text())
+        job = env.get("SLURM_ARRAY_JOB_ID") or env.get("SLURM_JOB_ID")
+        numbers = [n for n, s in enumerate(manifest["submissions"]) if str(s.get("job_id")) == job]
+        return element_dir(parent, numbers[0], env) if numbers else None
+    return parent if (parent / CONFIG).is_file() else None
+
+
+def element_dir(sweep_dir: Path, submission: int, env: Mapping[str, str]) -> Path:
+    """The run directory of the element this array task runs (a one-element submission is a
+    plain job, without SLURM_ARRAY_TASK_ID)."""
+    manifest = json.loads((sweep_dir / SWEEP).read_text())
+    position = int(env.get("SLURM_ARRAY_TASK_ID") or 0)
+    index = manifest["submissions"][submission]["elements"][position]
+    return sweep_dir / str(manifest["elements"][index]["dir"])

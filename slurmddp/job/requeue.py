@@ -1,0 +1,289 @@
+"""The requeue policy: why an attempt ended, whether its budget allows another, and which nodes the
+next attempt leaves out. It reads the run's records (job/records.py) and its settings, the typed
+`requeue` and `resources` sections of the run's config.yaml, loaded once per decision."""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from slurmddp import yamlio
+from slurmddp.cluster import hostlist, slurm
+from slurmddp.defaults import EndReason, RequeueReason
+from slurmddp.errors import ConfigError
+from slurmddp.experiment.schema import Requeue, Resources
+from slurmddp.job import records
+from slurmddp.job.records import AttemptId, Begin, Exclusions, Failure, Interrupt, Stop
+from slurmddp.layout import CONFIG
+
+PreemptTime = Callable[[str], str | None]
+"""squeue's PreemptTime of a job id (None: not picked for preemption); a parameter for tests."""
+TimeLeft = Callable[[str], float | None]
+"""squeue's TimeLeft of a job id in seconds (None: unlimited or unknown); a parameter for tests."""
+PartitionNodes = Callable[[str], int | None]
+"""How many nodes a partition has (None: unknown); a parameter for tests."""
+FailedNodes = Callable[[list[str], float], dict[str, str]]
+"""The nodes of a list that went down since a time, with why; a parameter for tests."""
+SLURM_SIGNAL_EARLY_S = 60
+"""sbatch --signal: "Slurm may send the signal up to 60 seconds earlier than specified"."""
+SIGNAL_SLACK_S = 30
+"""For the time between the signal and the squeue that reads the time left."""
+SectionT = TypeVar("SectionT", Requeue, Resources)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The run's settings the policy acts on, as the schema checked them."""
+
+    requeue: Requeue
+    resources: Resources
+
+    @classmethod
+    def of_run(cls, run_dir: Path) -> Settings:
+        """The two sections of the run's config.yaml (the resolved experiment), typed and checked
+        by the schema. Not the whole experiment: its checks include what this Python can import
+        (trackers.mlflow needs mlflow), and the batch script may run outside the ranks' container."""
+        path = run_dir / CONFIG
+        config = yamlio.load(path.read_text())
+        if not isinstance(config, dict):
+            config = {}
+        return cls(_section(Requeue, config, "requeue", path), _section(Resources, config, "resources", path))
+
+    def budget(self, reason: RequeueReason) -> int:
+        """Requeues allowed for `reason`; -1: unlimited."""
+        return {
+            "timeout": self.requeue.max_timeouts,
+            "preemption": self.requeue.max_preemptions,
+            "failure": self.requeue.max_failures,
+        }[reason]
+
+    def user_excluded(self) -> set[str]:
+        text = self.resources.exclude
+        return set(hostlist.expand(text)) if text else set()
+
+    def user_nodelist(self) -> set[str]:
+        sbatch = self.resources.sbatch
+        text = sbatch.get("nodelist") or sbatch.get("w")
+        return set(hostlist.expand(str(text))) if text else set()
+
+
+def _section(kind: type[SectionT], config: Mapping[str, Any], key: str, path: Path) -> SectionT:
+    try:
+        section = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(kind), config.get(key) or {}))
+    except (OmegaConfBaseException, ConfigError) as exc:
+        raise ConfigError(f"{path}: {key}: {exc}") from None
+    assert isinstance(section, kind)
+    return section
+
+
+@dataclass(frozen=True)
+class Decision:
+    reason: EndReason
+    step: int | None
+    requeue: bool
+    message: str
+    leave_out: dict[str, str] = field(default_factory=dict)
+    """Hosts found bad in this attempt, with why: the requeued job runs without them."""
+
+
+def decide(
+    run_dir: Path,
+    status: int,
+    env: Mapping[str, str],
+    settings: Settings,
+    preempt_time: PreemptTime,
+    time_left: TimeLeft = slurm.time_left,
+    partition_nodes: PartitionNodes = slurm.partition_nodes,
+    failed_nodes: FailedNodes = slurm.failed_nodes,
+) -> Decision:
+    """How this attempt ended and whether the job goes around again."""
+    me = AttemptId.from_env(env)
+    stop = Stop.read_for(run_dir, me)
+    failure = Failure.read_for(run_dir, me)
+    era = records.current(records.read_attempts(run_dir))
+    history = records.ends(era)
+    # result.json of this attempt: every rank returned from the function (rank 0 wrote it after
+    # gathering their results). That is completion, whatever status srun then reported.
+    if (stop is None and status == 0) or records.completed_by(run_dir, me):
+        return Decision("completed", progress_step(run_dir), False, "completed")
+    reason: RequeueReason = "failure"
+    why = ""
+    if stop is not None and not _crashed_first(failure, stop):
+        reason, why = _classify(run_dir, me, env, stop, settings, preempt_time, time_left)
+    leave_out: dict[str, str] = {}
+    if reason == "failure":
+        step = failure.step if failure else progress_step(run_dir)
+        if failure and failure.cause:
+            why = f" ({failure.cause})"
+        known = set(Exclusions.read(run_dir).hosts) | settings.user_excluded()
+        found = {h: r for h, r in ((failure and failure.bad_hosts) or {}).items() if h not in known}
+        began = records.begins(era)
+        down = went_down(began[-1], known, failed_nodes) if began else {}
+        if down:
+            # A node failure, not srun ending the ranks after a crash, whatever the ranks saw.
+            why = f" ({'; '.join(f'{host} {text}' for host, text in sorted(down.items()))})"
+            found = {**found, **down}
+        if found:
+            # Another node next time: neither a broken node's failure nor the same step is final.
+            refused = cannot_leave_out(found, known, env, settings, partition_nodes)
+            if refused:
+                return Decision(reason, step, False, f"{failure and failure.error}: {refused}")
+            leave_out = found
+            why += f"; leaving out {', '.join(sorted(found))}"
+        elif failure and failure.retry is False:
+            return Decision(reason, step, False, f"{failure.error}: not retrying")
+        else:
+            earlier = [r for r in history if r.reason == "failure"]
+            if earlier and step is not None and earlier[-1].step == step:
+                return Decision(reason, step, False, f"crashed at step {step} twice in a row: not retrying")
+    else:
+        step = stop.step if stop else None
+    allowed = settings.budget(reason)
+    used = sum(1 for r in history if r.reason == reason) + 1
+    if allowed >= 0 and used > allowed:
+        return Decision(
+            reason, step, False, f"{reason} budget spent ({used - 1} requeues of {allowed} allowed){why}"
+        )
+    where = f" at step {step}" if step is not None else ""
+    return Decision(
+        reason,
+        step,
+        True,
+        f"{reason}{where}{why}; requeue {used} (budget {_budget_text(allowed)})",
+        leave_out,
+    )
+
+
+def cannot_leave_out(
+    found: Mapping[str, str],
+    known: set[str],
+    env: Mapping[str, str],
+    settings: Settings,
+    partition_nodes: PartitionNodes,
+) -> str | None:
+    """Why leaving `found` out cannot work (the job names it in its nodelist, or too few nodes
+    would be left to start it), or None."""
+    pinned = sorted(set(found) & settings.user_nodelist())
+    if pinned:
+        return (
+            f"the job's resources.sbatch.nodelist names {', '.join(pinned)}, so it cannot run without "
+            "it: not retrying"
+        )
+    partition = env.get("SLURM_JOB_PARTITION", "")
+    total = partition_nodes(partition) if partition else None
+    needed = int(env.get("SLURM_JOB_NUM_NODES") or 1)
+    left = None if total is None else total - len(known) - len(found)
+    if left is None or left >= needed:
+        return None
+    return (
+        f"leaving out {', '.join(sorted(found))} as well as {len(known)} node(s) already would leave "
+        f"{left} of partition {partition}'s {total} nodes for a job of {needed}: not retrying"
+    )
+
+
+def leave_out_failed_nodes(
+    run_dir: Path,
+    env: Mapping[str, str],
+    now: float,
+    failed_nodes: FailedNodes,
+    partition_nodes: PartitionNodes,
+) -> None:
+    """A node failure ends the job NODE_FAIL and Slurm requeues it itself: the end of the attempt
+    may not be recorded, or recorded before the accounting had the node's event. Its nodes that
+    went down are left out from here on."""
+    era = records.current(records.read_attempts(run_dir))
+    began = records.begins(era)
+    ended = records.ends(era)
+    if not began or not ended or ended[-1].reason not in ("killed", "failure"):
+        return
+    settings = Settings.of_run(run_dir)
+    excluded = Exclusions.read(run_dir)
+    known = set(excluded.hosts) | settings.user_excluded()
+    found = went_down(began[-1], known, failed_nodes)
+    if not found:
+        return
+    names = ", ".join(sorted(found))
+    refused = cannot_leave_out(found, known, env, settings, partition_nodes)
+    if refused:
+        print(f"slurmddp: {names} went down under the last attempt; {refused}", file=sys.stderr)
+        return
+    excluded.adding(found, began[-1].attempt, now).write(run_dir)
+    print(f"slurmddp: leaving out {names}: went down under the last attempt", file=sys.stderr)
+
+
+def went_down(attempt: Begin, known: set[str], failed_nodes: FailedNodes) -> dict[str, str]:
+    """The nodes of an attempt, besides `known`, that went down while it ran (sacct does not say
+    which node of a NODE_FAIL job failed), each with why."""
+    nodes = [n for n in hostlist.expand(attempt.nodes) if n not in known]
+    found = failed_nodes(nodes, attempt.time) if nodes else {}
+    return {host: f"went down under attempt {attempt.attempt} ({why})" for host, why in found.items()}
+
+
+def requeue_target(env: Mapping[str, str]) -> str:
+    """The id to requeue: one array task, not the whole array (`scontrol requeue ARRAYID` takes all)."""
+    if env.get("SLURM_ARRAY_JOB_ID") and env.get("SLURM_ARRAY_TASK_ID"):
+        return f"{env['SLURM_ARRAY_JOB_ID']}_{env['SLURM_ARRAY_TASK_ID']}"
+    return env.get("SLURM_JOB_ID", "")
+
+
+def _classify(
+    run_dir: Path,
+    me: AttemptId,
+    env: Mapping[str, str],
+    stop: Stop,
+    settings: Settings,
+    preempt_time: PreemptTime,
+    time_left: TimeLeft,
+) -> tuple[RequeueReason, str]:
+    """Why the ranks were told to stop, from what Slurm says, not from elapsed time; with words
+    for the record when it is not what the signal alone suggests.
+
+    slurmctld sets a job's PreemptTime when it picks the job for preemption (seen on 22.05.8); a
+    job signalled for its time limit has none, and has at most the signal's lead (Slurm may send
+    it up to 60 s early) left when the signal came. A stop with neither is srun ending the other
+    ranks after one died without a word (killed, out of memory, a segfault): a failure.
+    `slurmddp interrupt` names the reason itself.
+    """
+    forced = Interrupt.read_for(run_dir, me)
+    if forced is not None:
+        return forced.reason, ""
+    job = requeue_target(env) or env.get("SLURM_JOB_ID", "")
+    if preempt_time(job) is not None:
+        return "preemption", ""
+    left = time_left(job)
+    if left is None:
+        return "timeout", ""
+    signalled = stop.signal_at or stop.time or time.time()
+    left_at_signal = left + max(0.0, time.time() - signalled)
+    lead = settings.requeue.signal_lead_s
+    if left_at_signal <= lead + SLURM_SIGNAL_EARLY_S + SIGNAL_SLACK_S:
+        return "timeout", ""
+    return "failure", (
+        f" ({stop.signal} with {left_at_signal:.0f} s of the time limit left and no "
+        "preemption: srun ending the other ranks after one died)"
+    )
+
+
+def _crashed_first(failure: Failure | None, stop: Stop) -> bool:
+    """A rank recorded a crash before the stop signal came: the signal was srun ending the others
+    (--kill-on-bad-exit), not a request to stop."""
+    if failure is None:
+        return False
+    signalled = stop.signal_at or stop.time
+    return not signalled or failure.time <= signalled
+
+
+def progress_step(run_dir: Path) -> int | None:
+    progress = records.Progress.read(run_dir)
+    return None if progress is None else progress.step
+
+
+def _budget_text(allowed: int) -> str:
+    return "unlimited" if allowed < 0 else str(allowed)

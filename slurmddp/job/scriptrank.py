@@ -1,0 +1,105 @@
+"""A rank that runs a torchrun-style script (or `-m module`) as its child: the rank's process hosts
+the rendezvous store, passes a stop signal on as SIGTERM, records progress and how the script
+ended. The child itself is job/scriptrun.py, which counts the script's optimizer steps."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from slurmddp.defaults import LOCAL_REQUEUE_STATUS
+from slurmddp.errors import EntrypointFailed
+from slurmddp.job import crash, rendezvous, scriptrun, signals
+from slurmddp.job.distenv import DistEnv
+from slurmddp.job.loop import PROGRESS_EVERY_S
+from slurmddp.job.records import AttemptId, Progress, Stop
+from slurmddp.job.spec import RankSpec
+
+
+def run_script(spec: RankSpec, dist: DistEnv) -> int:
+    """Run a torchrun-style script as this rank. A stop signal reaches it as SIGTERM, the signal
+    torchrun's agent sends its workers; the script saves its own snapshot and exits, and the job is
+    requeued as for a function entrypoint."""
+    assert spec.script is not None or spec.module is not None
+    if dist.rank == 0:
+        rendezvous.check_port_free(dist.master_port)
+    command = spec.command()
+    with tempfile.NamedTemporaryFile(prefix="slurmddp-steps-") as steps:
+        # This process hosts the store, as torchrun's agent does: it outlives the script (module
+        # doc of job.rendezvous). The script's clients retry until it is up, so torch loads
+        # meanwhile. job.scriptrun runs the script as python would, counting its optimizer steps.
+        child = subprocess.Popen(
+            [sys.executable, "-m", "slurmddp.job.scriptrun", *command[1:]],
+            env={**os.environ, **_script_env(spec, dist, steps.name)},
+        )
+        store = rendezvous.open_store(dist, spec.dist.timeout_s)
+        code = _wait_for_script(child, dist, Path(spec.run_dir), Path(steps.name))
+        step = scriptrun.read_steps(Path(steps.name))
+        finished = scriptrun.read_finished(Path(steps.name))
+    stop = signals.received()
+    if stop is None and code < 0 and finished:
+        print(
+            f"slurmddp: rank {dist.rank}: {shlex.join(command)} ended with status 0, then its process "
+            f"died of {signals.name(-code)} while Python shut down; counted as completed",
+            file=sys.stderr,
+            flush=True,
+        )
+        code = 0
+    if stop is None and code != 0:
+        # Before srun's SIGTERM reaches the other ranks: their stop is no stop request.
+        error = f"{shlex.join(command)} exited with status {code}{_after(step)}"
+        crash.record(Path(spec.run_dir), dist, step, error)
+        raise EntrypointFailed(f"rank {dist.rank}: {shlex.join(command)} exited with status {code}")
+    if stop is not None:
+        if dist.rank == 0:
+            Stop(
+                step=None,
+                signal=signals.name(stop),
+                signal_at=signals.received_at(),
+                attempt=AttemptId(dist.job_id, dist.restart_count),
+                time=time.time(),
+                script_status=code,
+            ).write(Path(spec.run_dir))
+        if spec.executor == "local":
+            raise SystemExit(LOCAL_REQUEUE_STATUS)
+    rendezvous.exit_barrier(store, dist, spec.dist.timeout_s, signals.stopping)
+    return code
+
+
+def _script_env(spec: RankSpec, dist: DistEnv, steps: str) -> dict[str, str]:
+    env = {"TORCHELASTIC_USE_AGENT_STORE": "True", scriptrun.STEP_FILE_ENV: steps}
+    if spec.dist.hang_timeout_s != 0:
+        watch = {**dataclasses.asdict(dist), "hang_timeout_s": spec.dist.hang_timeout_s}
+        env[scriptrun.WATCH_ENV] = json.dumps(watch)
+    return env
+
+
+def _wait_for_script(child: subprocess.Popen[bytes], dist: DistEnv, run_dir: Path, steps: Path) -> int:
+    """The script's exit status. A stop signal is passed on as SIGTERM; rank 0 records the steps
+    made as progress, as ctx.loop does for a function."""
+    forwarded = False
+    shown_at = 0.0
+    while True:
+        try:
+            return child.wait(timeout=0.2)
+        except subprocess.TimeoutExpired:
+            if signals.received() is not None and not forwarded:
+                child.send_signal(signal.SIGTERM)
+                forwarded = True
+            if dist.rank == 0 and time.monotonic() - shown_at >= PROGRESS_EVERY_S:
+                shown_at = time.monotonic()
+                step = scriptrun.read_steps(steps)
+                if step is not None:
+                    Progress(step, AttemptId(dist.job_id, dist.restart_count), time.time()).write(run_dir)
+
+
+def _after(step: int | None) -> str:
+    return "" if step is None else f" after {step} optimizer steps of this attempt"
