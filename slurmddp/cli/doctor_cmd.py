@@ -11,7 +11,7 @@ import sys
 from collections.abc import Sequence
 from typing import TextIO
 
-from slurmddp.cluster.checks import examine, failed
+from slurmddp.cluster.checks import Examination, describe_generation, examine, failed, format_checks
 from slurmddp.errors import ConfigError
 from slurmddp.manage.probe import probe_experiment, run_probe
 
@@ -40,11 +40,23 @@ def main(out: TextIO, probe_job: bool, overrides: Sequence[str]) -> int:
             f"doctor: {overrides[0]!r}: KEY=VALUE overrides configure the probe job; add --probe or drop them"
         )
     loaded = probe_experiment(overrides) if probe_job else None
-    checks = examine(out)
-    if failed(checks):
+    found = examine()
+    show(out, found)
+    if failed(found.checks):
         if probe_job:
             out.write("slurmddp doctor: no probe: fix the failed checks first\n")
         return 1
     if loaded is not None and not run_probe(out, loaded, sys.argv):
         return 1
     return 0
+
+
+def show(out: TextIO, found: Examination) -> None:
+    """Print the checks, after the cluster's release and what changed in it where slurmctld answered."""
+    if found.config is not None:
+        config = found.config
+        release, cluster = config.get("SLURM_VERSION", "?"), config.get("ClusterName", "?")
+        out.write(f"slurmddp doctor: Slurm {release}, cluster {cluster}\n")
+        out.write(describe_generation(found.found, config) + "\n")
+    out.write(format_checks(found.checks) + "\n")
+    out.flush()

@@ -10,7 +10,7 @@ from __future__ import annotations
 import shutil
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal, TextIO
+from typing import Literal
 
 from slurmddp.cluster import slurm
 from slurmddp.cluster.generations import Version, in_effect, shown
@@ -170,30 +170,33 @@ def format_checks(checks: Sequence[Check]) -> str:
     return "\n".join(lines)
 
 
+@dataclass(frozen=True)
+class Examination:
+    """What the login-node checks found."""
+
+    checks: list[Check]
+    config: Mapping[str, str] | None
+    """slurmctld's settings; None where scontrol is missing or slurmctld did not answer."""
+    found: Version | None
+    """The Slurm release of the sbatch on PATH; read only where the settings were."""
+
+
 def examine(
-    out: TextIO,
     which: Callable[[str], str | None] = shutil.which,
     show_config: Callable[[], str] = slurm.show_config,
-) -> list[Check]:
-    """Run the login-node checks, print them, and return them."""
+) -> Examination:
+    """Run the login-node checks: the tools on PATH and, where scontrol is one, slurmctld's settings."""
     checks = check_tools({tool: which(tool) for tool in TOOLS})
-    if which("scontrol"):
-        try:
-            config = parse_config(show_config())
-        except SlurmCommandError as exc:
-            checks.append(
-                Check("scontrol show config", FAIL, str(exc), "cannot reach slurmctld: check SLURM_CONF")
-            )
-        else:
-            out.write(
-                f"slurmddp doctor: Slurm {config.get('SLURM_VERSION', '?')}, cluster "
-                f"{config.get('ClusterName', '?')}\n"
-            )
-            checks += check_config(config)
-            out.write(describe_generation(version(), config) + "\n")
-    out.write(format_checks(checks) + "\n")
-    out.flush()
-    return checks
+    if not which("scontrol"):
+        return Examination(checks, None, None)
+    try:
+        config = parse_config(show_config())
+    except SlurmCommandError as exc:
+        checks.append(
+            Check("scontrol show config", FAIL, str(exc), "cannot reach slurmctld: check SLURM_CONF")
+        )
+        return Examination(checks, None, None)
+    return Examination(checks + check_config(config), config, version())
 
 
 def describe_generation(found: Version | None, config: Mapping[str, str]) -> str:

@@ -3,16 +3,14 @@ text (no cluster needed)."""
 
 from __future__ import annotations
 
-import io
-
 from slurm_samples import LAB
 
-from slurmddp.cluster import checks as cluster_checks
+from slurmddp.cluster.checks import FAIL, OK, WARN, Check, check_config, check_tools, examine, failed
 from slurmddp.cluster.slurm import TOOLS, parse_config
 from slurmddp.errors import SlurmCommandError
 
 
-def by_name(checks: list[cluster_checks.Check]) -> dict[str, cluster_checks.Check]:
+def by_name(checks: list[Check]) -> dict[str, Check]:
     return {check.name: check for check in checks}
 
 
@@ -23,8 +21,8 @@ def config(**changes: str) -> dict[str, str]:
 
 
 def test_the_lab_is_all_ok() -> None:
-    checks = cluster_checks.check_config(parse_config(LAB))
-    assert {check.status for check in checks} == {cluster_checks.OK}
+    checks = check_config(parse_config(LAB))
+    assert {check.status for check in checks} == {OK}
     names = [check.name for check in checks]
     assert names == [
         "preempt_send_user_signal",
@@ -36,72 +34,46 @@ def test_the_lab_is_all_ok() -> None:
 
 
 def test_missing_user_signal_warns_with_kill_wait_unless_no_preemption() -> None:
-    check = by_name(cluster_checks.check_config(config(SlurmctldParameters="(null)")))[
-        "preempt_send_user_signal"
-    ]
-    assert check.status == cluster_checks.WARN and "SIGTERM" in check.why and "KillWait (10 sec)" in check.why
+    check = by_name(check_config(config(SlurmctldParameters="(null)")))["preempt_send_user_signal"]
+    assert check.status == WARN and "SIGTERM" in check.why and "KillWait (10 sec)" in check.why
     quiet = config(SlurmctldParameters="(null)", PreemptType="preempt/none")
-    assert by_name(cluster_checks.check_config(quiet))["preempt_send_user_signal"].status == cluster_checks.OK
+    assert by_name(check_config(quiet))["preempt_send_user_signal"].status == OK
 
 
 def test_newer_slurm_spells_it_in_preempt_parameters() -> None:
     newer = config(SlurmctldParameters="enable_configless", PreemptParameters="send_user_signal,strict_order")
-    check = by_name(cluster_checks.check_config(newer))["preempt_send_user_signal"]
-    assert check.status == cluster_checks.OK and "PreemptParameters=send_user_signal" in check.value
+    check = by_name(check_config(newer))["preempt_send_user_signal"]
+    assert check.status == OK and "PreemptParameters=send_user_signal" in check.value
 
 
 def test_preempt_modes() -> None:
-    def mode(value: str) -> cluster_checks.Check:
-        return by_name(cluster_checks.check_config(config(PreemptMode=value)))["PreemptMode/PreemptType"]
+    def mode(value: str) -> Check:
+        return by_name(check_config(config(PreemptMode=value)))["PreemptMode/PreemptType"]
 
-    assert mode("REQUEUE").status == cluster_checks.OK
-    assert mode("CANCEL").status == cluster_checks.WARN and "GraceTime" in mode("CANCEL").why
-    assert mode("SUSPEND,GANG").status == cluster_checks.WARN and "suspended" in mode("SUSPEND,GANG").why
-    off = by_name(cluster_checks.check_config(config(PreemptType="preempt/none", PreemptMode="OFF")))
-    assert off["PreemptMode/PreemptType"].status == cluster_checks.OK
+    assert mode("REQUEUE").status == OK
+    assert mode("CANCEL").status == WARN and "GraceTime" in mode("CANCEL").why
+    assert mode("SUSPEND,GANG").status == WARN and "suspended" in mode("SUSPEND,GANG").why
+    off = by_name(check_config(config(PreemptType="preempt/none", PreemptMode="OFF")))
+    assert off["PreemptMode/PreemptType"].status == OK
 
 
 def test_requeue_arrays_and_accounting() -> None:
     checks = by_name(
-        cluster_checks.check_config(
+        check_config(
             config(JobRequeue="0", MaxArraySize="0", AccountingStorageType="accounting_storage/none")
         )
     )
-    assert checks["JobRequeue"].status == cluster_checks.OK and "--requeue" in checks["JobRequeue"].why
-    assert checks["MaxArraySize"].status == cluster_checks.WARN
-    assert (
-        checks["AccountingStorageType"].status == cluster_checks.WARN
-        and "UNKNOWN" in checks["AccountingStorageType"].why
-    )
-    assert "0-1000" in by_name(cluster_checks.check_config(config()))["MaxArraySize"].why
+    assert checks["JobRequeue"].status == OK and "--requeue" in checks["JobRequeue"].why
+    assert checks["MaxArraySize"].status == WARN
+    assert checks["AccountingStorageType"].status == WARN and "UNKNOWN" in checks["AccountingStorageType"].why
+    assert "0-1000" in by_name(check_config(config()))["MaxArraySize"].why
 
 
 def test_missing_tools_fail_and_the_exit_says_so() -> None:
     found = {tool: f"/usr/bin/{tool}" for tool in TOOLS if tool != "sacct"}
-    checks = cluster_checks.check_tools(found)
-    assert [c.status for c in checks] == [
-        cluster_checks.OK,
-        cluster_checks.OK,
-        cluster_checks.FAIL,
-        cluster_checks.OK,
-        cluster_checks.OK,
-    ]
-    assert cluster_checks.failed(checks)
-
-
-def test_examine_prints_every_check_from_a_fake_cluster() -> None:
-    def which(tool: str) -> str | None:
-        return f"/opt/slurm/bin/{tool}"
-
-    def show_config() -> str:
-        return LAB.replace("= REQUEUE", "= CANCEL")
-
-    out = io.StringIO()
-    checks = cluster_checks.examine(out, which=which, show_config=show_config)
-    text = out.getvalue()
-    assert text.startswith("slurmddp doctor: Slurm 22.05.8, cluster slurmddp\n")
-    assert "  WARN  PreemptMode/PreemptType" in text and "/opt/slurm/bin/sacct" in text
-    assert not cluster_checks.failed(checks)
+    checks = check_tools(found)
+    assert [c.status for c in checks] == [OK, OK, FAIL, OK, OK]
+    assert failed(checks)
 
 
 def test_an_unreachable_controller_fails() -> None:
@@ -110,5 +82,5 @@ def test_an_unreachable_controller_fails() -> None:
             "scontrol show config: slurm_load_ctl_conf error: Unable to contact slurm controller"
         )
 
-    checks = cluster_checks.examine(io.StringIO(), which=lambda tool: tool, show_config=show_config)
-    assert cluster_checks.failed(checks) and "Unable to contact" in checks[-1].value
+    found = examine(which=lambda tool: tool, show_config=show_config)
+    assert failed(found.checks) and "Unable to contact" in found.checks[-1].value and found.config is None
