@@ -26,6 +26,9 @@ ALLOWED = {
 # What `submit` may take from `job`: the picklable spec handed to every rank and the callable that
 # carries it, nothing that runs there.
 SUBMIT_FROM_JOB = {"slurmddp.job.spec", "slurmddp.job.rank"}
+# Each group of commands (cli/*_cmd.py) registers its own parsers; only the top-level parser joins
+# them, so a group never leans on another's handlers.
+CLI_MAIN = "slurmddp.cli.main"
 
 
 @dataclass(frozen=True)
@@ -83,6 +86,8 @@ def violations(found: list[Edge]) -> list[str]:
             rule = "the leaf helpers import nothing of ours"
         elif target == "cli" and source not in ("cli", "root"):
             rule = "nothing imports cli"
+        elif target == "cli" and edge.target.endswith("_cmd") and edge.source != CLI_MAIN:
+            rule = "only cli.main imports a group of commands (cli/*_cmd)"
         elif source == "root" or target in ("leaf", source):
             continue
         elif target == "root":
@@ -164,20 +169,23 @@ def test_no_import_cycles(found: list[Edge]) -> None:
 
 
 def test_the_checks_catch_what_they_are_for(tmp_path: Path) -> None:
-    """A job -> submit import, a leaf importing ours, and a two-module cycle hidden in a function
-    are each reported: the rules above can fail."""
-    for folder in ("job", "submit"):
+    """A job -> submit import, a leaf importing ours, one group of commands importing another, and
+    a two-module cycle hidden in a function are each reported: the rules above can fail."""
+    for folder in ("job", "submit", "cli"):
         (tmp_path / folder).mkdir()
         (tmp_path / folder / "__init__.py").write_text("")
     (tmp_path / "errors.py").write_text("from slurmddp.layout import CONFIG\n")
     (tmp_path / "layout.py").write_text("CONFIG = 'config.yaml'\n")
     (tmp_path / "job" / "runtime.py").write_text("def f():\n    from slurmddp.submit import plan\n")
     (tmp_path / "submit" / "plan.py").write_text("from slurmddp.job.runtime import f\n")
+    (tmp_path / "cli" / "run_cmd.py").write_text("")
+    (tmp_path / "cli" / "stop_cmd.py").write_text("from slurmddp.cli import run_cmd\n")
     found = list(edges(modules(tmp_path)))
     problems = violations(found)
     assert any("slurmddp.job.runtime -> slurmddp.submit.plan: job may import only" in p for p in problems)
     assert any("slurmddp.errors -> slurmddp.layout: the leaf helpers" in p for p in problems)
     assert any("submit takes only the picklable spec" in p for p in problems)
+    assert any("slurmddp.cli.stop_cmd -> slurmddp.cli.run_cmd: only cli.main" in p for p in problems)
     assert cycles(graphs(found)[0]) == [["slurmddp.job.runtime", "slurmddp.submit.plan"]]
 
 

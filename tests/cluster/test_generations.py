@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from slurmddp.cli.doctor import describe_generation
 from slurmddp.cluster import generations
+from slurmddp.cluster.checks import describe_generation
 from slurmddp.cluster.generations import exports_srun_cpus, parse_version
 
 

@@ -12,11 +12,11 @@ import pytest
 from conftest import QUICKSTART, ROOT
 
 from slurmddp.cli.dryrun import rank_env
-from slurmddp.cli.main import _warn_short_lead
 from slurmddp.defaults import RunExecutor
 from slurmddp.experiment.load import load_experiment
 from slurmddp.layout import new_run_dir
 from slurmddp.manage.actions import last_save_seconds
+from slurmddp.manage.signal_lead import short_lead_warning
 from slurmddp.submit.plan import SubmissionPlan, build
 
 HOSTILE = "$(touch {pwn}) `touch {pwn}` 'q' \"dq\" ;touch {pwn}; a b"
@@ -190,7 +190,7 @@ def test_entrypoint_is_checked_without_running_it(tmp_path: Path) -> None:
     assert "executed" not in proc.stdout + proc.stderr
 
 
-def test_short_signal_lead_is_warned_at_submit(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_short_signal_lead_is_warned_at_submit(tmp_path: Path) -> None:
     earlier = tmp_path / "quickstart" / "20260101-000000-abcd"
     earlier.mkdir(parents=True)
     (earlier / "progress.json").write_text(json.dumps({"step": 9, "last_save_s": 70.0}))
@@ -198,8 +198,7 @@ def test_short_signal_lead_is_warned_at_submit(tmp_path: Path, capsys: pytest.Ca
     for lead, warned in ((120, True), (200, False)):
         loaded = load_experiment(QUICKSTART, [f"output_dir={tmp_path}", f"requeue.signal_lead_s={lead}"])
         plan = build(loaded, executor="slurm", workdir=ROOT, run_dir=tmp_path / "new", interpreter="python3")
-        _warn_short_lead(plan, loaded)
-        assert ("took 70.0 s to save" in capsys.readouterr().out) is warned
+        assert ("took 70.0 s to save" in (short_lead_warning(plan, loaded.experiment) or "")) is warned
 
 
 @pytest.mark.parametrize("profile", sorted(p.stem for p in (ROOT / "configs").glob("*.yaml")))

@@ -1,0 +1,186 @@
+"""`status`, `logs`, `interrupt`, `cancel`, `resubmit`, `list` and `results`: the commands that read
+back or act on runs already submitted."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from pathlib import Path
+
+from slurmddp.cli.arguments import index_arg, positive_int, run_arg, wait_arg
+from slurmddp.errors import EXIT_JOB_FAILED, SlurmddpError
+from slurmddp.manage import actions, index, logs, report, runs, study
+from slurmddp.manage.follow import FINAL_OK, follow
+from slurmddp.manage.ranking import is_study, rank_and_write
+
+# The README defines these figures once ("Sweeps and managing runs"); the help only points there.
+ACCOUNTING_HELP = (
+    "cpu_h, gpu_h and lost (CSV: cpu_hours, gpu_hours, lost_hours): what each run cost in CPU hours, "
+    "GPU hours and time lost to requeues, over every allocation of every job it had (empty for local "
+    'runs); README.md, section "Sweeps and managing runs", says how each is counted.'
+)
+
+
+def parsers() -> dict[str, argparse.ArgumentParser]:
+    status = argparse.ArgumentParser(
+        prog="slurmddp status",
+        description="Show the state of a run or of every element of a sweep.",
+        epilog=ACCOUNTING_HELP,
+    )
+    run_arg(status, optional=True)
+    status.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    status.set_defaults(func=_status)
+    logs_parser = argparse.ArgumentParser(prog="slurmddp logs", description="Print (or follow) a rank's log.")
+    run_arg(logs_parser)
+    index_arg(logs_parser)
+    logs_parser.add_argument("--rank", type=int, default=0, help="the rank whose log to show (default 0)")
+    logs_parser.add_argument(
+        "--err", action="store_true", help="show the rank's stderr instead of its stdout"
+    )
+    logs_parser.add_argument("-f", "--follow", action="store_true", help="keep printing until the job ends")
+    logs_parser.set_defaults(func=_logs)
+    interrupt = argparse.ArgumentParser(
+        prog="slurmddp interrupt",
+        description="Send a running job what Slurm sends on a preemption or a time limit (to test resume).",
+    )
+    run_arg(interrupt)
+    index_arg(interrupt)
+    kind = interrupt.add_mutually_exclusive_group(required=True)
+    kind.add_argument("--preempt", dest="reason", action="store_const", const="preemption")
+    kind.add_argument("--timeout", dest="reason", action="store_const", const="timeout")
+    interrupt.set_defaults(func=_interrupt)
+    cancel = argparse.ArgumentParser(
+        prog="slurmddp cancel", description="Cancel a run, a whole sweep, or one element of it."
+    )
+    run_arg(cancel)
+    index_arg(cancel)
+    cancel.set_defaults(func=_cancel)
+    resubmit = argparse.ArgumentParser(
+        prog="slurmddp resubmit",
+        description="Submit a run that ended without completing again, or a sweep's failed elements "
+        "(--failed); they resume from their latest checkpoints with fresh budgets.",
+        epilog="A single run takes overrides of where it runs and how it is kept going: "
+        "resources.time=04:00:00, resources.partition=long, resources.nodes=1, ... With another "
+        "number of ranks the global batch and the order of samples stay (ctx.loader), and "
+        "ddp.accumulate grows so that each rank's micro-batch is no larger than before.",
+    )
+    run_arg(resubmit)
+    resubmit.add_argument("--failed", action="store_true", help="a sweep's elements that failed")
+    wait_arg(resubmit, "follow the run to its end and exit with its status (default: only for local runs)")
+    resubmit.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="e.g. resources.nodes=1")
+    resubmit.set_defaults(func=_resubmit)
+    listing = argparse.ArgumentParser(prog="slurmddp list", description="List recent runs and sweeps.")
+    listing.add_argument("-n", "--limit", type=positive_int, default=20, help="how many (default 20)")
+    listing.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    listing.set_defaults(func=_list)
+    results = argparse.ArgumentParser(
+        prog="slurmddp results",
+        description="A sweep's elements ranked by a metric; writes CSV.",
+        epilog=ACCOUNTING_HELP,
+    )
+    run_arg(results)
+    results.add_argument("--metric", help="the metric to rank by (default: the sweep's sweep.metric)")
+    results.add_argument("--mode", choices=("min", "max"), help="best is min or max (default: sweep.mode)")
+    results.add_argument("--csv", type=Path, help="where to write the CSV (default: SWEEP_DIR/results.csv)")
+    results.add_argument("--plot", type=Path, help="also write a PNG of the metric over steps per element")
+    results.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    results.set_defaults(func=_results)
+    return {
+        "status": status,
+        "logs": logs_parser,
+        "interrupt": interrupt,
+        "cancel": cancel,
+        "resubmit": resubmit,
+        "list": listing,
+        "results": results,
+    }
+
+
+def _status(args: argparse.Namespace) -> int:
+    target = runs.resolve(args.run)
+    rows = runs.rows(target)
+    if args.json:
+        print(json.dumps(report.status_json(target, rows), indent=2))
+    else:
+        print(report.status_table(target, rows, target.manifest.get("metric")))
+    return 0
+
+
+def _logs(args: argparse.Namespace) -> int:
+    target = runs.resolve(args.run)
+    element = target.element(args.index)
+    logs.show(target, element, args.rank, "err" if args.err else "out", args.follow, sys.stdout)
+    return 0
+
+
+def _interrupt(args: argparse.Namespace) -> int:
+    print(f"slurmddp: {actions.interrupt(args.run, args.reason, args.index)}")
+    return 0
+
+
+def _cancel(args: argparse.Namespace) -> int:
+    cancelled = actions.cancel(args.run, args.index)
+    for line in cancelled:
+        print(f"slurmddp: cancelled {line}")
+    if not cancelled:
+        print("slurmddp: nothing to cancel: no element is pending or running")
+    return 0
+
+
+def _resubmit(args: argparse.Namespace) -> int:
+    target = runs.resolve(args.run)
+    if target.kind == "sweep":
+        if not args.failed:
+            raise SlurmddpError(
+                f"{target.dir} is a sweep: `resubmit --failed` submits its failed elements again"
+            )
+        if args.overrides:
+            raise SlurmddpError(
+                f"resubmit --failed takes no overrides ({args.overrides[0]!r}): a sweep's elements go "
+                "again as they were; resubmit an element's directory on its own to change it"
+            )
+        again = actions.resubmit_failed(str(target.dir), sys.argv)
+        for note in again.notes:
+            print(f"slurmddp: {note}")
+        print(f"slurmddp: resubmitted elements {', '.join(map(str, again.indices))} as job {again.job_id}")
+        return 0
+    done = actions.resubmit_run(str(target.dir), args.overrides, sys.argv)
+    for note in done.notes:
+        print(f"slurmddp: {note}")
+    sub = done.submission
+    index.remember(sub.plan.run_dir, "run", sub.plan.job_name, sub.job_id)
+    changed = f" (changed: {', '.join(done.changed)})" if done.changed else ""
+    ranks = sub.plan.world_size
+    print(f"slurmddp: resubmitted {sub.plan.executor} job {sub.job_id} ({ranks} ranks){changed}")
+    print(f"  run dir: {sub.plan.run_dir} (resumes from its latest checkpoint)")
+    wait = args.wait if args.wait is not None else sub.plan.executor == "local"
+    if not wait:
+        return 0
+    return 0 if follow(sub, sys.stdout) == FINAL_OK else EXIT_JOB_FAILED
+
+
+def _list(args: argparse.Namespace) -> int:
+    records = index.recent(args.limit)
+    if args.json:
+        print(json.dumps(records, indent=2))
+    elif records:
+        print(report.list_table(records))
+    else:
+        print(f"slurmddp: nothing submitted yet (index {index.index_path()})")
+    return 0
+
+
+def _results(args: argparse.Namespace) -> int:
+    target = runs.resolve(args.run)
+    if is_study(target):
+        study.report(target, sys.stdout)
+        return 0
+    ranking = rank_and_write(target, args.metric, args.mode, args.csv, args.plot)
+    if args.json:
+        print(json.dumps([dataclasses.asdict(row) for row in ranking.ranked], indent=2))
+    else:
+        print(report.results_table(ranking.ranked, ranking.keys, ranking.metrics))
+        print(f"slurmddp: wrote {ranking.csv_path}" + (f" and {args.plot}" if args.plot else ""))
+    return 0
