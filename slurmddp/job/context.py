@@ -98,7 +98,7 @@ class RunContext:
 
     def log(self, step: int, **metrics: Any) -> None:
         """Record metrics (numbers, or one-element tensors) at `step`: RUN_DIR/metrics.jsonl, which
-        `status`, `results` and `submit --wait` read, and the trackers of `config.trackers`
+        `status`, `results` and `submit --wait` read, and the trackers of `settings.trackers`
         (TensorBoard by default). Only rank 0 writes; the call is free elsewhere, and dropped during
         a resumed attempt's priming step (that step is run again)."""
         self._beat()
@@ -136,7 +136,7 @@ class RunContext:
             self._trackers = None
 
     def ddp(self, module: Any, **kwargs: Any) -> Any:
-        """Wrap `module` in DistributedDataParallel on this rank's device, with `config.ddp`'s
+        """Wrap `module` in DistributedDataParallel on this rank's device, with `settings.ddp`'s
         bucket_cap_mb, gradient_as_bucket_view, static_graph and find_unused_parameters (False);
         keyword arguments win over them.
 
@@ -190,7 +190,7 @@ class RunContext:
         )
 
     def autocast(self) -> Any:
-        """`torch.autocast` on this rank's device with `config.precision.autocast`'s dtype (a no-op
+        """`torch.autocast` on this rank's device with `settings.precision.autocast`'s dtype (a no-op
         context with `none`): `with ctx.autocast(): loss = ...`."""
         import torch
 
@@ -251,7 +251,7 @@ class RunContext:
 
         Each keyword names an object with state_dict()/load_state_dict() (model, optimizer,
         scheduler, ...); they, `ctx.scaler` and the RNG streams are restored from the latest complete
-        checkpoint, saved as config.checkpoint says, and saved by every rank at the same step when
+        checkpoint, saved as settings.checkpoint says, and saved by every rank at the same step when
         a stop signal arrives. `extra` is a dict of your own values kept the same way. With `data`,
         `total_steps` defaults to `epochs` whole epochs.
         """

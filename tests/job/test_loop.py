@@ -15,13 +15,14 @@ from slurmddp import ResumableDistributedSampler
 from slurmddp.errors import CheckpointError, SlurmddpError
 from slurmddp.experiment.schema import Checkpoint, Ddp, Precision
 from slurmddp.job.checkpoint import CheckpointStore, capture_rng_state
-from slurmddp.job.distenv import DistEnv
 from slurmddp.job.loop import LoopRuntime, LoopState, TrainLoop, _drop_metrics_from
 
 # What the loop reads of a DistributedDataParallel module over two ranks.
 TWO_RANK_DDP = SimpleNamespace(
     static_graph=False, find_unused_parameters=False, process_group=SimpleNamespace(size=lambda: 2)
 )
+# What the loop reads of a DistEnv.
+ONE_RANK = SimpleNamespace(rank=0, job_id="1", restart_count=0)
 
 
 def make_loop(
@@ -39,9 +40,7 @@ def make_loop(
         precision=precision or Precision(),
         state=LoopState({"model": model, **objects}),
         runtime=LoopRuntime(
-            dist=DistEnv(
-                0, 0, 1, 1, 0, 1, "localhost", 29500, job_id="1", restart_count=0, device_index=None
-            ),
+            dist=ONE_RANK,
             device=torch.device("cpu"),
             run_dir=run_dir,
             store=store,
