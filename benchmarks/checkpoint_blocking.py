@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from slurmddp.experiment.schema import Checkpoint
 from slurmddp.job.checkpoint import CheckpointStore, capture_rng_state
 
 
@@ -58,9 +59,14 @@ class Bench:
         self.step = 0
         self.stores = {
             "sync": CheckpointStore(root / "sync", 0, 1, attempt="bench"),
-            "async": CheckpointStore(root / "async", 0, 1, async_save=True, attempt="bench"),
+            "async": CheckpointStore(root / "async", 0, 1, Checkpoint(async_save=True), attempt="bench"),
             "async-new": CheckpointStore(
-                root / "async-new", 0, 1, async_save=True, attempt="bench", reuse_snapshot_buffers=False
+                root / "async-new",
+                0,
+                1,
+                Checkpoint(async_save=True),
+                attempt="bench",
+                reuse_snapshot_buffers=False,
             ),
         }
 

@@ -28,6 +28,7 @@ import torch.multiprocessing as mp
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from slurmddp.experiment import schema
 from slurmddp.job.telemetry import Telemetry
 
 RANKS = 3
@@ -71,12 +72,11 @@ def rank_main(rank: int, port: int, args: argparse.Namespace, out: Any) -> None:
         models["hook"].process_group, lambda group, bucket: plain_hook(group, bucket)
     )
     telemetry = Telemetry(
+        schema.Telemetry(warmup_steps=0, every_s=1e9),
         rank=rank,
         world_size=RANKS,
         device=torch.device("cpu"),
         samples_per_step=args.batch * RANKS,
-        warmup_steps=0,
-        every_s=1e9,
         backend="gloo",
         transport="tcp",
         log=lambda step, **values: None,

@@ -5,6 +5,7 @@ because an import hidden in a function is still a dependency (it once hid a cycl
 from __future__ import annotations
 
 import ast
+import dataclasses
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -168,6 +169,51 @@ def test_no_import_cycles(found: list[Edge]) -> None:
     assert cycles(by_side) == [], "sub-packages import each other in a cycle"
 
 
+def untyped_setting_reads(root: Path = PACKAGE / "job") -> list[str]:
+    """Where rank code reads one of slurmddp's own sections from the experiment mapping
+    (`config.ddp`, `config["checkpoint"]`, `config.get("telemetry")`) instead of taking it typed
+    from the RankSpec's RunSettings; `config.train` and `config.name` are the user's."""
+    from slurmddp.experiment.schema import Experiment
+
+    ours = {f.name for f in dataclasses.fields(Experiment)} - {"train", "name"}
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            read = _section_read(node)
+            if read is not None and read[1] in ours and _names_config(read[0]):
+                found.append(f"{path}:{node.lineno}: config...{read[1]}")
+    return sorted(found)
+
+
+def _section_read(node: ast.AST) -> tuple[ast.expr, object] | None:
+    """(what is read from, which key) for `x.key`, `x["key"]` and `x.get("key")`."""
+    if isinstance(node, ast.Attribute):
+        return node.value, node.attr
+    if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant):
+        return node.value, node.slice.value
+    if (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr == "get"
+        and node.args
+        and isinstance(node.args[0], ast.Constant)
+    ):
+        return node.func.value, node.args[0].value
+    return None
+
+
+def _names_config(holder: ast.expr) -> bool:
+    """`config` or `<anything>.config`."""
+    return (isinstance(holder, ast.Name) and holder.id == "config") or (
+        isinstance(holder, ast.Attribute) and holder.attr == "config"
+    )
+
+
+def test_rank_code_takes_settings_typed() -> None:
+    found = untyped_setting_reads()
+    assert found == [], "read these from RunSettings (slurmddp.job.spec), typed:\n" + "\n".join(found)
+
+
 def test_the_checks_catch_what_they_are_for(tmp_path: Path) -> None:
     """A job -> submit import, a leaf importing ours, one group of commands importing another, and
     a two-module cycle hidden in a function are each reported: the rules above can fail."""
@@ -187,6 +233,16 @@ def test_the_checks_catch_what_they_are_for(tmp_path: Path) -> None:
     assert any("submit takes only the picklable spec" in p for p in problems)
     assert any("slurmddp.cli.stop_cmd -> slurmddp.cli.run_cmd: only cli.main" in p for p in problems)
     assert cycles(graphs(found)[0]) == [["slurmddp.job.runtime", "slurmddp.submit.plan"]]
+    (tmp_path / "job" / "context.py").write_text(
+        "a = self.config.ddp.accumulate\nb = config['checkpoint']\nc = self.config.get('telemetry')\n"
+        "d = self.config.train.lr\n"
+    )
+    reads = untyped_setting_reads(tmp_path / "job")
+    assert sorted(line.rsplit(": ", 1)[1] for line in reads) == [
+        "config...checkpoint",
+        "config...ddp",
+        "config...telemetry",
+    ]
 
 
 RECORDS = "slurmddp.job.records"

@@ -12,7 +12,8 @@ from omegaconf import DictConfig
 
 from slurmddp.errors import SlurmddpError
 from slurmddp.job.distenv import DistEnv
-from slurmddp.job.loop import TrainLoop
+from slurmddp.job.loop import LoopRuntime, LoopState, TrainLoop
+from slurmddp.job.spec import RunSettings
 from slurmddp.layout import METRICS
 
 if TYPE_CHECKING:
@@ -34,6 +35,9 @@ class RunContext:
     """The torch.device this rank computes on (cuda:N or cpu)."""
     config: DictConfig
     """The resolved experiment, read-only; the user's settings are `config.train`."""
+    settings: RunSettings
+    """slurmddp's own sections of the experiment, typed (checkpoint, ddp, precision, telemetry,
+    trackers): what the context and its loop act on."""
     run_dir: Path
     checkpoint_dir: Path
     active_loop: TrainLoop | None = field(default=None, repr=False)
@@ -94,7 +98,7 @@ class RunContext:
 
     def log(self, step: int, **metrics: Any) -> None:
         """Record metrics (numbers, or one-element tensors) at `step`: RUN_DIR/metrics.jsonl, which
-        `status`, `results` and `submit --wait` read, and the trackers of `config.trackers`
+        `status`, `results` and `submit --wait` read, and the trackers of `settings.trackers`
         (TensorBoard by default). Only rank 0 writes; the call is free elsewhere, and dropped during
         a resumed attempt's priming step (that step is run again)."""
         self._beat()
@@ -114,8 +118,8 @@ class RunContext:
             loop = self.active_loop
             self._trackers = Trackers.open(
                 self.run_dir,
-                self.config.trackers,
-                name=str(self.config.name),
+                self.settings.trackers,
+                name=self.settings.name,
                 first_step=loop.first_step if loop is not None else 0,
                 config=self.config,
             )
@@ -132,7 +136,7 @@ class RunContext:
             self._trackers = None
 
     def ddp(self, module: Any, **kwargs: Any) -> Any:
-        """Wrap `module` in DistributedDataParallel on this rank's device, with `config.ddp`'s
+        """Wrap `module` in DistributedDataParallel on this rank's device, with `settings.ddp`'s
         bucket_cap_mb, gradient_as_bucket_view, static_graph and find_unused_parameters (False);
         keyword arguments win over them.
 
@@ -142,9 +146,9 @@ class RunContext:
         """
         from torch.nn.parallel import DistributedDataParallel
 
-        options = self.config.ddp
+        options = self.settings.ddp
         for key in ("bucket_cap_mb", "gradient_as_bucket_view", "static_graph", "find_unused_parameters"):
-            kwargs.setdefault(key, options[key])
+            kwargs.setdefault(key, getattr(options, key))
         if self.device.type == "cuda":
             kwargs.setdefault("device_ids", [self.device.index])
         wrapped = DistributedDataParallel(module.to(self.device), **kwargs)
@@ -186,11 +190,11 @@ class RunContext:
         )
 
     def autocast(self) -> Any:
-        """`torch.autocast` on this rank's device with `config.precision.autocast`'s dtype (a no-op
+        """`torch.autocast` on this rank's device with `settings.precision.autocast`'s dtype (a no-op
         context with `none`): `with ctx.autocast(): loss = ...`."""
         import torch
 
-        dtype = self.config.precision.autocast
+        dtype = self.settings.precision.autocast
         return torch.autocast(
             self.device.type,
             dtype=getattr(torch, "bfloat16" if dtype == "none" else dtype),
@@ -205,7 +209,7 @@ class RunContext:
         if self._scaler is None:
             import torch
 
-            precision = self.config.precision
+            precision = self.settings.precision
             enabled = precision.grad_scaler
             if enabled is None:
                 enabled = precision.autocast == "float16"
@@ -247,7 +251,7 @@ class RunContext:
 
         Each keyword names an object with state_dict()/load_state_dict() (model, optimizer,
         scheduler, ...); they, `ctx.scaler` and the RNG streams are restored from the latest complete
-        checkpoint, saved as config.checkpoint says, and saved by every rank at the same step when
+        checkpoint, saved as settings.checkpoint says, and saved by every rank at the same step when
         a stop signal arrives. `extra` is a dict of your own values kept the same way. With `data`,
         `total_steps` defaults to `epochs` whole epochs.
         """
@@ -261,51 +265,28 @@ class RunContext:
             total_steps = epochs * feed.steps_per_epoch
         elif epochs is not None:
             raise SlurmddpError("ctx.loop takes total_steps or epochs=, not both")
-        limit = self._telemetry_settings().max_steps
+        limit = self.settings.telemetry.max_steps
         if limit is not None:
-            total_steps = min(total_steps, int(limit))
-        accumulate = int(self.config.ddp.accumulate)
-        settings: dict[str, Any] = {
-            "accumulate": accumulate,
-            "autocast": str(self.config.precision.autocast),
-            **(feed.identity() if feed is not None else {}),
-        }
+            total_steps = min(total_steps, limit)
         stateful.setdefault("scaler", self.scaler)
-        checkpoint = self.config.checkpoint
-        store = CheckpointStore(
-            self.checkpoint_dir,
-            rank=self.rank,
-            world_size=self.world_size,
-            keep_last=checkpoint.keep_last,
-            async_save=checkpoint.async_save,
-        )
+        store = CheckpointStore(self.checkpoint_dir, self.rank, self.world_size, self.settings.checkpoint)
         self.active_loop = TrainLoop(
-            total_steps=total_steps,
-            rank=self.rank,
-            device=self.device,
-            run_dir=self.run_dir,
-            store=store,
-            every_steps=checkpoint.every_steps,
-            every_minutes=checkpoint.every_minutes,
-            restart_count=self.restart_count,
-            job_id=self.job_id,
-            objects=stateful,
-            extra=extra if extra is not None else {},
-            data=feed,
-            ddp_modules=self.ddp_modules,
-            accumulate=accumulate,
-            settings=settings,
-            watchdog=self.watchdog,
-            telemetry=self._telemetry(feed),
+            total_steps,
+            checkpoint=self.settings.checkpoint,
+            ddp=self.settings.ddp,
+            precision=self.settings.precision,
+            state=LoopState(stateful, extra if extra is not None else {}, feed),
+            runtime=LoopRuntime(
+                dist=self.dist,
+                device=self.device,
+                run_dir=self.run_dir,
+                store=store,
+                ddp_modules=self.ddp_modules,
+                watchdog=self.watchdog,
+                telemetry=self._telemetry(feed),
+            ),
         )
         return self.active_loop
-
-    def _telemetry_settings(self) -> Any:
-        """config.telemetry, or its defaults for a run submitted before the section existed and
-        requeued onto this version."""
-        from slurmddp.experiment.schema import Telemetry as Settings
-
-        return self.config.get("telemetry") or Settings()
 
     def _telemetry(self, feed: Feed | None) -> Telemetry | None:
         import os
@@ -314,17 +295,16 @@ class RunContext:
 
         from slurmddp.job.telemetry import Telemetry, transport
 
-        settings = self._telemetry_settings()
+        settings = self.settings.telemetry
         if not settings.enabled:
             return None
         backend = str(tdist.get_backend())
         return Telemetry(
+            settings,
             rank=self.rank,
             world_size=self.world_size,
             device=self.device,
             samples_per_step=feed.identity()["global_batch"] if feed is not None else None,
-            warmup_steps=int(settings.warmup_steps),
-            every_s=float(settings.every_s),
             backend=backend,
             transport=transport(backend, os.environ),
             log=self.log,

@@ -28,6 +28,7 @@ import json
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import ExitStack
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -37,8 +38,10 @@ from slurmddp.job.records import AttemptId, LoopProgress, Progress, Stop
 from slurmddp.layout import METRICS
 
 if TYPE_CHECKING:
+    from slurmddp.experiment.schema import Checkpoint, Ddp, Precision
     from slurmddp.job.checkpoint import CheckpointInfo, CheckpointStore
     from slurmddp.job.data import Feed
+    from slurmddp.job.distenv import DistEnv
     from slurmddp.job.telemetry import Telemetry
     from slurmddp.job.watchdog import Watchdog
 
@@ -58,51 +61,73 @@ class StopForRequeue(BaseException):
         self.signum = signum
 
 
+@dataclass(frozen=True)
+class LoopState:
+    """What the loop keeps in every checkpoint and restores on resume."""
+
+    objects: Mapping[str, Any]
+    """Objects with state_dict()/load_state_dict() (model, optimizer, scaler, ...), by name."""
+    extra: dict[str, Any] = field(default_factory=dict)
+    """User values saved with every checkpoint and restored on resume (rank 0's are kept)."""
+    data: Feed | None = None
+    """The training loader, resumed mid-epoch; None when the step draws its own batches."""
+
+
+@dataclass(frozen=True)
+class LoopRuntime:
+    """Where this rank's loop runs, and the collaborators it drives."""
+
+    dist: DistEnv
+    """This rank's place in the job: its rank, and the attempt (job id, restart count)."""
+    device: Any
+    """The torch.device of the boundary all-reduce."""
+    run_dir: Path
+    store: CheckpointStore
+    ddp_modules: Sequence[Any] = ()
+    """The modules ctx.ddp wrapped: primed on resume, and paused by micro_batches."""
+    watchdog: Watchdog | None = None
+    telemetry: Telemetry | None = None
+
+
 class TrainLoop:
     """Iterates over step numbers (with `data`: (step, batch) pairs) from the last checkpoint (or 0)
-    to `total_steps`."""
+    to `total_steps`, saving as the experiment's `checkpoint:` section says."""
 
     def __init__(
         self,
-        *,
         total_steps: int,
-        rank: int,
-        device: Any,
-        run_dir: Path,
-        store: CheckpointStore,
-        every_steps: int,
-        every_minutes: float,
-        restart_count: int,
-        job_id: str,
-        objects: Mapping[str, Any],
-        extra: dict[str, Any],
-        data: Feed | None,
-        ddp_modules: Sequence[Any],
-        accumulate: int,
-        settings: Mapping[str, Any],
-        watchdog: Watchdog | None = None,
-        telemetry: Telemetry | None = None,
+        *,
+        checkpoint: Checkpoint,
+        ddp: Ddp,
+        precision: Precision,
+        state: LoopState,
+        runtime: LoopRuntime,
     ) -> None:
         import torch
 
+        data = state.data
         self.total_steps = total_steps
-        self.rank = rank
-        self.run_dir = run_dir
-        self.store = store
-        self.every_steps = every_steps
-        self.every_s = every_minutes * 60
-        self.attempt = AttemptId(job_id, restart_count)
-        self.objects = {name: obj for name, obj in objects.items() if obj is not None}
-        self.extra = extra
+        self.rank = runtime.dist.rank
+        self.run_dir = runtime.run_dir
+        self.store = runtime.store
+        self.every_steps = checkpoint.every_steps
+        self.every_s = checkpoint.every_minutes * 60
+        self.attempt = AttemptId(runtime.dist.job_id, runtime.dist.restart_count)
+        self.objects = {name: obj for name, obj in state.objects.items() if obj is not None}
+        self.extra = state.extra
         """User values saved with every checkpoint and restored on resume (rank 0's are kept)."""
         self.data = data
-        self.accumulate = accumulate
+        self.accumulate = ddp.accumulate
         """Micro-batches per step (ddp.accumulate): what `micro_batches` cuts a batch into."""
-        self.settings = dict(settings)
+        self.settings: dict[str, Any] = {
+            "accumulate": ddp.accumulate,
+            "autocast": precision.autocast,
+            **(data.identity() if data is not None else {}),
+        }
         """What a checkpoint's state depends on besides the objects; a resume must find the same."""
-        self._ddp_modules = ddp_modules
-        self._watchdog = watchdog
-        self.telemetry = telemetry
+        self._ddp_modules = runtime.ddp_modules
+        self._watchdog = runtime.watchdog
+        self.telemetry = runtime.telemetry
         """Step times, data wait, communication (job/telemetry.py); None with telemetry.enabled=false."""
         self.step = 0
         self.first_step = 0
@@ -116,7 +141,7 @@ class TrainLoop:
         self._saved_step = -1
         self._progress_at = 0.0
         # A stop signal arrived; a timed checkpoint is due; a telemetry record is due.
-        self._flags = torch.zeros(3, dtype=torch.int32, device=device)
+        self._flags = torch.zeros(3, dtype=torch.int32, device=runtime.device)
         self._pending: Any = None
         self._check_own_sampler()
         self._resume()

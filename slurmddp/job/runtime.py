@@ -179,6 +179,7 @@ def _call(
         dist=dist,
         device=device,
         config=config,
+        settings=spec.settings,
         run_dir=Path(spec.run_dir),
         checkpoint_dir=Path(spec.checkpoint_dir),
         watchdog=Watchdog(Path(spec.run_dir), dist, hang_timeout) if hang_timeout != 0 else None,

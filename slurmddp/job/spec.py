@@ -1,8 +1,11 @@
-"""What every rank is handed: a RankSpec of plain values, pickled into the job by submitit.
+"""What every rank is handed: a RankSpec of plain values and the schema's typed sections, pickled
+into the job by submitit.
 
 This module stays light (no torch, no user code) because every task unpickles it first thing;
 with `job.rank` it is all of `job` that the submit side may import. The user's code is named by a
-string and imported inside the rank, never pickled.
+string and imported inside the rank, never pickled. The sections were checked when the experiment
+was loaded (schema.py's __post_init__); unpickling does not check them again, and nothing in the
+rank needs to.
 """
 
 from __future__ import annotations
@@ -13,7 +16,42 @@ from typing import Any
 
 from slurmddp.cluster.fabric import FabricProfile
 from slurmddp.defaults import RunExecutor
-from slurmddp.experiment.schema import Dist, Preflight
+from slurmddp.experiment.schema import (
+    Checkpoint,
+    Ddp,
+    Dist,
+    Experiment,
+    Precision,
+    Preflight,
+    Telemetry,
+    Trackers,
+)
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """The experiment's sections that a function rank's RunContext and its loop act on, typed as
+    the schema checked them: each component takes its own section from here."""
+
+    name: str
+    """The experiment's name: the trackers' default project and run name."""
+    checkpoint: Checkpoint
+    ddp: Ddp
+    precision: Precision
+    telemetry: Telemetry
+    trackers: Trackers
+
+    @classmethod
+    def of(cls, exp: Experiment) -> RunSettings:
+        """The sections of a loaded (and so checked) experiment."""
+        return cls(
+            name=exp.name,
+            checkpoint=exp.checkpoint,
+            ddp=exp.ddp,
+            precision=exp.precision,
+            telemetry=exp.telemetry,
+            trackers=exp.trackers,
+        )
 
 
 @dataclass(frozen=True)
@@ -31,10 +69,12 @@ class RankSpec:
     run_dir: str
     checkpoint_dir: str
     config: dict[str, Any]
-    """The resolved experiment, handed to the user's function as ctx.config."""
+    """The resolved experiment, handed to the user's function as ctx.config (for the user's keys;
+    slurmddp's own code reads the typed sections)."""
     dist: Dist
     """How the ranks find each other (backend, port, timeout, launcher)."""
     preflight: Preflight
+    settings: RunSettings
     env: dict[str, str]
     """Variables every rank gets besides the rank variables (OMP_NUM_THREADS, fabric.env)."""
     fabric_profile: FabricProfile
@@ -42,8 +82,7 @@ class RankSpec:
     executor: RunExecutor
     """How a stopped rank asks to be run again."""
     module: str | None = None
-    """A dotted module name, run as `python -m module` (torchrun -m). Last, with a default, so a
-    spec pickled before it existed still loads."""
+    """A dotted module name, run as `python -m module` (torchrun -m)."""
 
     def command(self) -> list[str]:
         """The command a script or module rank runs (`args` are `script`'s or `module`'s), as

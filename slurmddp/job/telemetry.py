@@ -26,6 +26,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from slurmddp.experiment import schema
 from slurmddp.layout import PERF
 
 BARRIERS = 10
@@ -187,23 +188,22 @@ class Telemetry:
 
     def __init__(
         self,
+        settings: schema.Telemetry,
         *,
         rank: int,
         world_size: int,
         device: Any,
         samples_per_step: int | None,
-        warmup_steps: int,
-        every_s: float,
         backend: str,
         transport: str,
         log: Callable[..., None],
     ) -> None:
+        self.settings = settings
+        """The experiment's `telemetry:` section (warmup_steps, every_s)."""
         self.rank = rank
         self.world_size = world_size
         self.device = device
         self.samples_per_step = samples_per_step
-        self.warmup_steps = warmup_steps
-        self.every_s = every_s
         self.backend = backend
         self.transport = transport
         self._log = log
@@ -224,7 +224,7 @@ class Telemetry:
 
     def due(self) -> bool:
         """Rank 0: time for a record (the loop's boundary all-reduce tells the other ranks)."""
-        return time.monotonic() - self._logged_at >= self.every_s
+        return time.monotonic() - self._logged_at >= self.settings.every_s
 
     def discard(self) -> None:
         self.timer.discard()
@@ -233,7 +233,7 @@ class Telemetry:
         """One step done: its time and its wait for data; the hook's intervals are read here."""
         intervals = self.timer.take()
         self._seen += 1
-        if self._seen <= self.warmup_steps:
+        if self._seen <= self.settings.warmup_steps:
             return
         figures = {
             "steps": 1.0,

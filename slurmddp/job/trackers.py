@@ -21,29 +21,16 @@ import secrets
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from slurmddp.errors import ConfigError, SlurmddpError
+from slurmddp.experiment import schema
 from slurmddp.files import write_json
 from slurmddp.layout import TENSORBOARD, TRACKERS
-
-if TYPE_CHECKING:
-    from slurmddp.experiment.schema import WandbMode
 
 MLFLOW_RUN_ID = "mlflow_run_id"
 WANDB_RUN_ID = "wandb_run_id"
 _EVENT_FILES = "events.out.tfevents.*"
-
-
-class TrackerSettings(Protocol):
-    """The experiment's `trackers:` section (schema.Trackers, or its DictConfig node in a rank)."""
-
-    tensorboard: bool
-    mlflow: bool
-    mlflow_uri: str | None
-    wandb: bool
-    wandb_mode: WandbMode
-    project: str | None
 
 
 class _Sink(Protocol):
@@ -61,13 +48,14 @@ class Trackers:
     def open(
         cls,
         run_dir: Path,
-        settings: TrackerSettings,
+        settings: schema.Trackers,
         *,
         name: str,
         first_step: int,
         config: Mapping[str, Any],
     ) -> Trackers:
-        """Open (or continue, on a later attempt) the run of each tracker `settings` enables.
+        """Open (or continue, on a later attempt) the run of each tracker `settings` (the
+        experiment's `trackers:` section) enables.
 
         `first_step` is the step this attempt starts at (the resumed checkpoint's, 0 on a fresh
         start): what earlier attempts logged from there on is stale. `config` is the resolved
@@ -170,7 +158,7 @@ def _start_after_earlier_event_files(log_dir: Path) -> None:
 
 def _mlflow(
     run_dir: Path,
-    settings: TrackerSettings,
+    settings: schema.Trackers,
     name: str,
     config: Mapping[str, Any],
     ids: dict[str, str],
@@ -221,7 +209,7 @@ def _mlflow(
 
 def _wandb(
     run_dir: Path,
-    settings: TrackerSettings,
+    settings: schema.Trackers,
     name: str,
     config: Mapping[str, Any],
     ids: dict[str, str],

@@ -19,7 +19,7 @@ from slurmddp.errors import ConfigError
 from slurmddp.experiment.entrypoint import check_function, check_module, check_script
 from slurmddp.experiment.load import Loaded
 from slurmddp.experiment.schema import Experiment
-from slurmddp.job.spec import RankSpec
+from slurmddp.job.spec import RankSpec, RunSettings
 from slurmddp.layout import CHECKPOINTS, LOGS
 from slurmddp.submit.script import BOOT_MODULE, render_template, sbatch_script
 
@@ -134,6 +134,7 @@ def rank_spec(
         config=loaded.resolved,
         dist=exp.dist,
         preflight=exp.preflight,
+        settings=RunSettings.of(exp),
         env=rank_env(exp),
         fabric_profile=exp.fabric.profile,
         stop_signals=stop_signals(exp),

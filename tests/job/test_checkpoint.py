@@ -22,6 +22,7 @@ import pytest
 import torch
 
 from slurmddp.errors import CheckpointError
+from slurmddp.experiment.schema import Checkpoint
 from slurmddp.job.checkpoint import (
     META_FILE,
     SHARED_FILE,
@@ -81,7 +82,9 @@ def save_all(root: Path, step: int, world_size: int, attempt: str = "a", value: 
 @pytest.mark.parametrize("async_save", [False, True])
 def test_model_and_optimizer_round_trip(tmp_path: Path, async_save: bool) -> None:
     model, optimizer, shared = trained_state()
-    stores = [CheckpointStore(tmp_path, r, 2, async_save=async_save, attempt="a") for r in range(2)]
+    stores = [
+        CheckpointStore(tmp_path, r, 2, Checkpoint(async_save=async_save), attempt="a") for r in range(2)
+    ]
     locals_ = [{"rng": capture_rng_state(), "rank": r} for r in range(2)]
     for store, local in zip(stores, locals_, strict=True):
         store.save(7, shared if store.rank == 0 else None, local)
@@ -210,7 +213,7 @@ def test_a_damaged_file_of_the_right_size(tmp_path: Path, caplog: pytest.LogCapt
 
 
 def test_keep_last_k_and_what_prune_may_delete(tmp_path: Path) -> None:
-    store = CheckpointStore(tmp_path, 0, 2, keep_last=2, attempt="a")
+    store = CheckpointStore(tmp_path, 0, 2, Checkpoint(keep_last=2), attempt="a")
     for step in range(1, 6):
         save_all(tmp_path, step, 2)
         store.prune()
@@ -294,7 +297,7 @@ def test_rng_state_round_trips_through_a_checkpoint(tmp_path: Path) -> None:
 
 
 def test_async_save_keeps_the_values_of_save_time(tmp_path: Path) -> None:
-    store = CheckpointStore(tmp_path, 0, 1, async_save=True)
+    store = CheckpointStore(tmp_path, 0, 1, Checkpoint(async_save=True))
     weights = torch.arange(1_000_000, dtype=torch.float32)
     history = [1, 2]
     for step in (1, 2, 3):  # steps 2 and 3 copy into the CPU buffers of the save before
@@ -313,7 +316,7 @@ def test_async_save_keeps_the_values_of_save_time(tmp_path: Path) -> None:
 def test_async_errors_come_back_from_wait(tmp_path: Path) -> None:
     # A file where the step directory goes (tests run as root here, which ignores chmod).
     (tmp_path / step_dir_name(3)).write_text("a file where the step directory goes")
-    store = CheckpointStore(tmp_path, 0, 1, async_save=True)
+    store = CheckpointStore(tmp_path, 0, 1, Checkpoint(async_save=True))
     store.wait()  # nothing pending: fine
     store.save(3, {"w": torch.ones(3)}, {})
     with pytest.raises(CheckpointError, match=r"rank 0: cannot write checkpoint .*step-00000003"):
@@ -334,7 +337,8 @@ def test_a_pending_async_save_is_finished_when_the_main_thread_ends(tmp_path: Pa
     # wait() is the contract, but a save left running must not be cut (nor fail) at exit.
     code = (
         "import sys, torch; from pathlib import Path; from slurmddp.job.checkpoint import CheckpointStore\n"
-        "store = CheckpointStore(Path(sys.argv[1]), 0, 1, async_save=True, attempt='x')\n"
+        "from slurmddp.experiment.schema import Checkpoint\n"
+        "store = CheckpointStore(Path(sys.argv[1]), 0, 1, Checkpoint(async_save=True), attempt='x')\n"
         "store.save(1, {'w': torch.ones(5_000_000)}, {})\n"
     )
     subprocess.run([sys.executable, "-c", code, str(tmp_path)], check=True, timeout=120)
@@ -372,7 +376,8 @@ def save_until_killed(root: str, attempt: str, start: int, started: Event) -> No
     """Two ranks (threads) of one attempt: rank 0 saves async and prunes, rank 1 saves sync; a
     barrier per step stands in for the training loop's collectives."""
     stores = [
-        CheckpointStore(Path(root), r, 2, keep_last=2, async_save=r == 0, attempt=attempt) for r in range(2)
+        CheckpointStore(Path(root), r, 2, Checkpoint(keep_last=2, async_save=r == 0), attempt=attempt)
+        for r in range(2)
     ]
     barrier = threading.Barrier(2)
 

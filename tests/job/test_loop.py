@@ -13,33 +13,39 @@ import torch
 
 from slurmddp import ResumableDistributedSampler
 from slurmddp.errors import CheckpointError, SlurmddpError
+from slurmddp.experiment.schema import Checkpoint, Ddp, Precision
 from slurmddp.job.checkpoint import CheckpointStore, capture_rng_state
-from slurmddp.job.loop import TrainLoop, _drop_metrics_from
+from slurmddp.job.loop import LoopRuntime, LoopState, TrainLoop, _drop_metrics_from
 
 # What the loop reads of a DistributedDataParallel module over two ranks.
 TWO_RANK_DDP = SimpleNamespace(
     static_graph=False, find_unused_parameters=False, process_group=SimpleNamespace(size=lambda: 2)
 )
+# What the loop reads of a DistEnv.
+ONE_RANK = SimpleNamespace(rank=0, job_id="1", restart_count=0)
 
 
-def make_loop(run_dir: Path, settings: dict[str, Any], model: torch.nn.Module, **objects: Any) -> TrainLoop:
+def make_loop(
+    run_dir: Path,
+    model: torch.nn.Module,
+    ddp: Ddp | None = None,
+    precision: Precision | None = None,
+    **objects: Any,
+) -> TrainLoop:
     store = CheckpointStore(run_dir / "checkpoints", rank=0, world_size=1, attempt="1-0")
     return TrainLoop(
-        total_steps=10,
-        rank=0,
-        device=torch.device("cpu"),
-        run_dir=run_dir,
-        store=store,
-        every_steps=0,
-        every_minutes=0,
-        restart_count=0,
-        job_id="1",
-        objects={"model": model, **objects},
-        extra={},
-        data=None,
-        ddp_modules=[TWO_RANK_DDP],
-        accumulate=int(settings.get("accumulate", 1)),
-        settings=settings,
+        10,
+        checkpoint=Checkpoint(),
+        ddp=ddp or Ddp(),
+        precision=precision or Precision(),
+        state=LoopState({"model": model, **objects}),
+        runtime=LoopRuntime(
+            dist=ONE_RANK,
+            device=torch.device("cpu"),
+            run_dir=run_dir,
+            store=store,
+            ddp_modules=[TWO_RANK_DDP],
+        ),
     )
 
 
@@ -53,8 +59,10 @@ def test_a_resume_with_other_training_settings_is_refused_with_both_values(tmp_p
     model = torch.nn.Linear(2, 2)
     save_at(tmp_path, 4, {"accumulate": 1, "autocast": "none"}, model)
     with pytest.raises(CheckpointError, match=r"accumulate: 1 then, 2 now"):
-        make_loop(tmp_path, {"accumulate": 2, "autocast": "none"}, model)
-    loop = make_loop(tmp_path, {"accumulate": 1, "autocast": "none"}, model)
+        make_loop(tmp_path, model, Ddp(accumulate=2))
+    with pytest.raises(CheckpointError, match=r"autocast: none then, bfloat16 now"):
+        make_loop(tmp_path, model, precision=Precision(autocast="bfloat16"))
+    loop = make_loop(tmp_path, model)
     assert loop.first_step == loop.step == 4
 
 
@@ -71,14 +79,14 @@ def test_metrics_past_the_checkpoint_are_dropped_and_a_torn_line_with_them(tmp_p
 def test_a_sampler_iterated_by_the_step_is_refused_up_front(tmp_path: Path) -> None:
     sampler = ResumableDistributedSampler(100, 2, 0)
     with pytest.raises(SlurmddpError, match=r"ctx\.loop\(sampler=\.\.\.\).*data=ctx\.loader"):
-        make_loop(tmp_path, {}, torch.nn.Linear(2, 2), sampler=sampler)
+        make_loop(tmp_path, torch.nn.Linear(2, 2), sampler=sampler)
 
 
 def test_an_object_the_checkpoint_lacks_is_refused_unless_it_has_no_state(tmp_path: Path) -> None:
     model = torch.nn.Linear(2, 2)
-    save_at(tmp_path, 3, {}, model)
+    save_at(tmp_path, 3, {"accumulate": 1, "autocast": "none"}, model)
     disabled = torch.amp.GradScaler("cpu", enabled=False)
-    assert make_loop(tmp_path, {}, model, scaler=disabled).first_step == 3
+    assert make_loop(tmp_path, model, scaler=disabled).first_step == 3
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     with pytest.raises(CheckpointError, match=r"no state for 'optimizer' \(it holds \['model'\]\)"):
-        make_loop(tmp_path, {}, model, optimizer=optimizer)
+        make_loop(tmp_path, model, optimizer=optimizer)

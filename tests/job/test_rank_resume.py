@@ -37,7 +37,7 @@ from pathlib import Path
 from slurmddp.experiment.load import load_experiment
 from slurmddp.experiment.schema import Dist, Preflight
 from slurmddp.job.runtime import run_rank
-from slurmddp.job.spec import RankSpec
+from slurmddp.job.spec import RankSpec, RunSettings
 
 run_dir = Path(sys.argv[1])
 loaded = load_experiment(Path(sys.argv[3]), json.loads(sys.argv[4]))
@@ -45,7 +45,8 @@ spec = RankSpec(
     function=sys.argv[2], script=None, args=(), workdir=str(run_dir), run_dir=str(run_dir),
     checkpoint_dir=str(run_dir / "checkpoints"),
     config=loaded.resolved,
-    dist=Dist(timeout_s=120), preflight=Preflight(), env={}, fabric_profile="auto",
+    dist=Dist(timeout_s=120), preflight=Preflight(), settings=RunSettings.of(loaded.experiment),
+    env={}, fabric_profile="auto",
     stop_signals=("USR2", "TERM"), executor="local",
 )
 print("RESULT " + json.dumps(run_rank(spec)), flush=True)

@@ -397,16 +397,3 @@ def test_telemetry_on_and_off_end_with_the_same_parameters(local_runs: dict[str,
         and len(json.loads((local_runs["on"] / "result.json").read_text())["ranks"]) == 3
     )
     assert digests["on"] == digests["off"], "telemetry changed the parameters (or max_steps missed step 40)"
-
-
-def test_a_run_submitted_before_the_telemetry_section_gets_its_defaults() -> None:
-    from omegaconf import OmegaConf
-
-    from slurmddp.job.context import RunContext
-
-    # A requeued attempt runs this version with the config pickled at submission, without it.
-    old = OmegaConf.create({"train": {}})
-    OmegaConf.set_readonly(old, True)
-    ctx = RunContext(dist=None, device=None, config=old, run_dir=Path("."), checkpoint_dir=Path("."))  # type: ignore[arg-type]
-    settings = ctx._telemetry_settings()
-    assert (settings.enabled, settings.max_steps, settings.warmup_steps) == (True, None, 3)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from slurmddp.experiment import schema
 from slurmddp.job.mpi import free_port
 from slurmddp.job.telemetry import CommTimer, Telemetry, attach
 
@@ -32,12 +33,11 @@ def test_cuda_events_time_each_bucket_and_the_peak_is_the_devices() -> None:
         assert len(intervals) == len(timer.bucket_bytes) > 1
         assert all(end >= start >= 0 for start, end in intervals)
         telemetry = Telemetry(
+            schema.Telemetry(warmup_steps=0, every_s=1),
             rank=0,
             world_size=1,
             device=device,
             samples_per_step=64,
-            warmup_steps=0,
-            every_s=1,
             backend="nccl",
             transport="auto",
             log=lambda step, **values: None,

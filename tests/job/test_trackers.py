@@ -24,7 +24,12 @@ CONFIG = {"name": "demo", "train": {"lr": 0.1, "layers": [64, 64]}, "resources":
 
 
 def attempt(
-    run_dir: Path, settings: Any, first_step: int, steps: range, offset: float = 0.0, config: Any = CONFIG
+    run_dir: Path,
+    settings: schema.Trackers,
+    first_step: int,
+    steps: range,
+    offset: float = 0.0,
+    config: Any = CONFIG,
 ) -> Trackers:
     trackers = Trackers.open(run_dir, settings, name="demo", first_step=first_step, config=config)
     for step in steps:
@@ -75,7 +80,7 @@ def test_mlflow_requeue_continues_the_same_run(tmp_path: Path) -> None:
     from mlflow.tracking import MlflowClient
 
     # As a rank gets them: DictConfig nodes.
-    settings = OmegaConf.structured(schema.Trackers(tensorboard=False, mlflow=True))
+    settings = schema.Trackers(tensorboard=False, mlflow=True)
     attempt(tmp_path, settings, 0, range(10), config=OmegaConf.create(CONFIG)).close()
     run_id = json.loads((tmp_path / "trackers.json").read_text())[MLFLOW_RUN_ID]
     changed = OmegaConf.create({**CONFIG, "train": {"lr": 0.5}})
@@ -137,7 +142,7 @@ def wandb_offline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.mark.usefixtures("wandb_offline")
 def test_wandb_offline_requeue_continues_the_same_run_id(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
-    settings = OmegaConf.structured(schema.Trackers(tensorboard=False, wandb=True))
+    settings = schema.Trackers(tensorboard=False, wandb=True)
     attempt(run_dir, settings, 0, range(10), config=OmegaConf.create(CONFIG)).close()
     run_id = json.loads((run_dir / "trackers.json").read_text())[WANDB_RUN_ID]
     attempt(run_dir, settings, 5, range(5, 15), offset=100, config=OmegaConf.create(CONFIG)).close()

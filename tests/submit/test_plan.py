@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +15,7 @@ from conftest import QUICKSTART, ROOT
 from slurmddp.cli.dryrun import rank_env
 from slurmddp.defaults import RunExecutor
 from slurmddp.experiment.load import load_experiment
+from slurmddp.experiment.schema import Telemetry, Trackers
 from slurmddp.layout import new_run_dir
 from slurmddp.manage.actions import last_save_seconds
 from slurmddp.manage.signal_lead import short_lead_warning
@@ -143,6 +145,30 @@ def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
         "assert 'torch' not in sys.modules, 'the submit path imported torch'\nraise SystemExit(code)\n"
     )
     return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, cwd=cwd)
+
+
+def test_the_rank_gets_typed_sections_in_a_pickle_that_loads_without_torch(tmp_path: Path) -> None:
+    overrides = [
+        "checkpoint.keep_last=3",
+        "ddp.accumulate=2",
+        "telemetry.every_s=5",
+        "trackers.tensorboard=false",
+    ]
+    spec = make_plan(QUICKSTART, overrides, tmp_path / "run").rank
+    settings = spec.settings
+    assert (settings.name, settings.checkpoint.keep_last, settings.ddp.accumulate) == ("quickstart", 3, 2)
+    assert settings.telemetry == Telemetry(every_s=5) and settings.trackers == Trackers(tensorboard=False)
+    assert spec.config["checkpoint"]["keep_last"] == 3, "ctx.config is still the resolved experiment"
+    loads = (
+        "import pickle, sys\n"
+        "spec = pickle.loads(sys.stdin.buffer.read())\n"
+        "assert 'torch' not in sys.modules, 'unpickling a RankSpec imported torch'\n"
+        "print(type(spec.settings.checkpoint).__name__, spec.settings.checkpoint.keep_last)\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", loads], input=pickle.dumps(spec), capture_output=True, check=True, timeout=60
+    )
+    assert proc.stdout.decode().split() == ["Checkpoint", "3"]
 
 
 def test_dryrun_prints_script_and_envs_without_torch(tmp_path: Path) -> None:

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from slurmddp.errors import CheckpointError
+from slurmddp.experiment.schema import Checkpoint
 from slurmddp.files import fsync_dir, write_json
 from slurmddp.job.checkpoint.integrity import (
     FORMAT,
@@ -78,25 +79,24 @@ class CheckpointStore:
         root: Path,
         rank: int,
         world_size: int,
-        keep_last: int = 2,
-        async_save: bool = False,
+        settings: Checkpoint | None = None,
         *,
         attempt: str | None = None,
         reuse_snapshot_buffers: bool = True,
     ) -> None:
-        """`attempt`: see default_attempt_id(); pass one when the environment has none.
-        `reuse_snapshot_buffers` (async only): keep the CPU copy of the last save to copy the next
-        one into, instead of allocating it again (saves ~half of the time save() blocks, costs one
-        state's worth of resident host memory between saves)."""
+        """`settings`: the experiment's `checkpoint:` section (keep_last, async_save; checked by
+        the schema); None: its defaults. `attempt`: see default_attempt_id(); pass one when the
+        environment has none. `reuse_snapshot_buffers` (async only): keep the CPU copy of the last
+        save to copy the next one into, instead of allocating it again (saves ~half of the time
+        save() blocks, costs one state's worth of resident host memory between saves)."""
         if world_size < 1 or not 0 <= rank < world_size:
             raise CheckpointError(f"rank {rank} is not a rank of a job of {world_size} ranks")
-        if keep_last < 1:
-            raise CheckpointError(f"keep_last is {keep_last}; keep at least 1 checkpoint")
+        settings = settings if settings is not None else Checkpoint()
         self.root = Path(root)
         self.rank = rank
         self.world_size = world_size
-        self.keep_last = keep_last
-        self.async_save = async_save
+        self.keep_last = settings.keep_last
+        self.async_save = settings.async_save
         self.reuse_snapshot_buffers = reuse_snapshot_buffers
         found = attempt if attempt is not None else default_attempt_id(os.environ)
         self.attempt = found or ""
