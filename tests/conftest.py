@@ -32,10 +32,11 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 import pytest
+from process_rule import ProcessInUnitTest, mark_process_tests, prime_process_caches, processes_refused
 
 ROOT = Path(__file__).resolve().parents[1]
 """The repository: examples/, configs/ and templates/ are read from there."""
@@ -126,6 +127,7 @@ def pytest_configure(config: pytest.Config) -> None:
     for name in (*USER_STATE_VARS, *SESSION_CACHE_VARS):
         os.environ[name] = str(session_dir / name.lower())
     config.stash[_USER_INDEX_DIGEST] = file_digest(USER_INDEX)
+    prime_process_caches()
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
@@ -192,6 +194,25 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         if callspec is not None and "slurm_generation" in callspec.params:
             module = item.nodeid.split("::", 1)[0]
             item.add_marker(pytest.mark.xdist_group(f"{module}[{callspec.params['slurm_generation']}]"))
+    mark_process_tests(items)
+
+
+def _refusing_processes(item: pytest.Item) -> Iterator[None]:
+    """One phase of a test not marked `process`: starting one fails it (process_rule), also when
+    the code that started it swallowed the error."""
+    if item.get_closest_marker("process") is None:
+        with processes_refused(item) as refused:
+            yield
+        if refused:
+            raise ProcessInUnitTest(f"{item.nodeid} started a process unmarked: {', '.join(refused)}")
+    else:
+        yield
+
+
+# Setup and teardown too: a module-scoped fixture set up for the test counts as its own.
+pytest_runtest_setup = pytest.hookimpl(wrapper=True)(_refusing_processes)
+pytest_runtest_call = pytest.hookimpl(wrapper=True)(_refusing_processes)
+pytest_runtest_teardown = pytest.hookimpl(wrapper=True)(_refusing_processes)
 
 
 class Labs:

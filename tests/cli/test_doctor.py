@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 
+import pytest
 from slurm_samples import LAB
 
 from slurmddp.cli import doctor
@@ -80,6 +81,7 @@ def test_missing_tools_fail_and_the_exit_says_so() -> None:
     assert doctor.failed(checks)
 
 
+@pytest.mark.process  # version() asks the Slurm on this machine
 def test_examine_prints_every_check_from_a_fake_cluster() -> None:
     def which(tool: str) -> str | None:
         return f"/opt/slurm/bin/{tool}"
