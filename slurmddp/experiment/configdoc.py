@@ -28,7 +28,7 @@ An experiment is one YAML file. Layers, later winning: built-in defaults < clust
 (`profile:`) < the experiment file < `key=value` overrides on the command line. A bare override
 key (`lr=0.1`) means `train.lr` when the experiment's `train:` has it. Relative entrypoint paths
 are looked up from the submit directory, then from the experiment file's. A sweep (`sweep:`) is
-described in the README's "Sweeps and managing runs".
+described in [runs.md](runs.md#sweeps).
 
 Every value that reaches the batch script is quoted (submitit's `shlex.quote`) and one line (a
 newline in a Slurm value is refused: sbatch would run the rest of the line as shell code); the
