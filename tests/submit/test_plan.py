@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from conftest import QUICKSTART, ROOT
+from train_sources import write_main
 
 from slurmddp.cli.dryrun import rank_env
 from slurmddp.cli.main import _warn_short_lead
@@ -167,7 +168,7 @@ def test_dryrun_prints_script_and_envs_without_torch(tmp_path: Path) -> None:
     ],
 )
 def test_bad_input_is_a_message_not_a_traceback(tmp_path: Path, text: str, needle: str) -> None:
-    (tmp_path / "train.py").write_text("def main(ctx):\n    return {}\n")
+    write_main(tmp_path)
     (tmp_path / "broken.py").write_text("def main(ctx)\n    return {}\n")
     exp = tmp_path / "exp.yaml"
     exp.write_text(text + "executor: local\n")
