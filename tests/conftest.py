@@ -5,7 +5,9 @@ of the session.
 Every test that uses the cluster runs once on each generation of the lab (Slurm 22.05 and 24.11;
 `SLURMDDP_LAB_SLURM=24.11` picks one), as `test_x[22.05]` and `test_x[24.11]`. Tests that use it
 are marked `@pytest.mark.slurm`; a test that requests `slurm_env` gets the marker automatically,
-so `pytest -m "not slurm"` runs everything that needs no cluster.
+so `pytest -m "not slurm"` runs everything that needs no cluster. A test that starts a process gets
+the `process` marker, and one not marked that starts one fails (tests/process_rule.py), so
+`pytest -m "not slurm and not process"` is the unit run of seconds.
 
 Under pytest-xdist (`-n N --dist loadgroup`, what scripts/test.sh runs) each worker starts labs of
 its own (`SLURMDDP_LAB_INSTANCE`: own bridge, namespaces, ports), so tests that preempt with a
