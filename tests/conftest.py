@@ -38,7 +38,13 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 import pytest
-from process_rule import ProcessInUnitTest, mark_process_tests, prime_process_caches, processes_refused
+from process_rule import (
+    ProcessInUnitTest,
+    mark_process_tests,
+    may_start_processes,
+    prime_process_caches,
+    processes_refused,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 """The repository: examples/, configs/ and templates/ are read from there."""
@@ -202,7 +208,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 def _refusing_processes(item: pytest.Item) -> Iterator[None]:
     """One phase of a test not marked `process`: starting one fails it (process_rule), also when
     the code that started it swallowed the error."""
-    if item.get_closest_marker("process") is None:
+    if not may_start_processes(item):
         with processes_refused(item) as refused:
             yield
         if refused:
@@ -211,10 +217,10 @@ def _refusing_processes(item: pytest.Item) -> Iterator[None]:
         yield
 
 
-# Setup and teardown too: a module-scoped fixture set up for the test counts as its own.
+# Setup too: a module-scoped fixture set up for the test counts as its own. Not teardown: a test's
+# teardown also ends the module- and session-scoped fixtures of the tests before it (the labs).
 pytest_runtest_setup = pytest.hookimpl(wrapper=True)(_refusing_processes)
 pytest_runtest_call = pytest.hookimpl(wrapper=True)(_refusing_processes)
-pytest_runtest_teardown = pytest.hookimpl(wrapper=True)(_refusing_processes)
 
 
 class Labs:

@@ -6,8 +6,9 @@ process: subprocess's runners, os.fork/posix_spawn/system, multiprocessing's pro
 torch.multiprocessing.spawn. `pytest -m "not slurm and not process"` is then a unit run of seconds.
 
 What the rule cannot see (a process started inside slurmddp, a DataLoader's workers) the guard
-catches: in a test not marked `process`, starting a process fails the test with the fix to make,
-an explicit `@pytest.mark.process`. So a test is never silently slow in the unit run.
+catches: in a test marked neither `process` nor `slurm`, starting a process during its setup or
+its call fails the test with the fix to make, an explicit `@pytest.mark.process`. So a test is
+never silently slow in the unit run.
 """
 
 from __future__ import annotations
@@ -97,6 +98,12 @@ def mark_process_tests(items: list[pytest.Item]) -> None:
         funcs = [item.obj, *(defs[-1].func for defs in fixtures)]
         if any(_in_tests(func) and starts_process(func) for func in funcs):
             item.add_marker(pytest.mark.process)
+
+
+def may_start_processes(item: pytest.Item) -> bool:
+    """Whether the guard lets `item` start processes: a `process` test, or a `slurm` one (a lab
+    test starts them by nature, and so does the lab it sets up)."""
+    return any(item.get_closest_marker(name) is not None for name in ("process", "slurm"))
 
 
 class ProcessInUnitTest(RuntimeError):
