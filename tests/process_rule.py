@@ -90,9 +90,10 @@ def starts_process(func: Callable[..., Any]) -> bool:
 
 
 def mark_process_tests(items: list[pytest.Item]) -> None:
-    """Add the `process` marker to every test whose code or fixtures start a process."""
+    """Add the `process` marker to every test whose code or fixtures start a process (`slurm`
+    tests keep their own marker alone)."""
     for item in items:
-        if item.get_closest_marker("process") is not None or not isinstance(item, pytest.Function):
+        if may_start_processes(item) or not isinstance(item, pytest.Function):
             continue
         fixtures = item._fixtureinfo.name2fixturedefs.values()
         funcs = [item.obj, *(defs[-1].func for defs in fixtures)]
