@@ -5,7 +5,9 @@ of the session.
 Every test that uses the cluster runs once on each generation of the lab (Slurm 22.05 and 24.11;
 `SLURMDDP_LAB_SLURM=24.11` picks one), as `test_x[22.05]` and `test_x[24.11]`. Tests that use it
 are marked `@pytest.mark.slurm`; a test that requests `slurm_env` gets the marker automatically,
-so `pytest -m "not slurm"` runs everything that needs no cluster.
+so `pytest -m "not slurm"` runs everything that needs no cluster. A test that starts a process gets
+the `process` marker, and one not marked that starts one fails (tests/process_rule.py), so
+`pytest -m "not slurm and not process"` is the unit run of seconds.
 
 Under pytest-xdist (`-n N --dist loadgroup`, what scripts/test.sh runs) each worker starts labs of
 its own (`SLURMDDP_LAB_INSTANCE`: own bridge, namespaces, ports), so tests that preempt with a
@@ -32,10 +34,17 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 import pytest
+from process_rule import (
+    ProcessInUnitTest,
+    mark_process_tests,
+    may_start_processes,
+    prime_process_caches,
+    processes_refused,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 """The repository: examples/, configs/ and templates/ are read from there."""
@@ -126,6 +135,7 @@ def pytest_configure(config: pytest.Config) -> None:
     for name in (*USER_STATE_VARS, *SESSION_CACHE_VARS):
         os.environ[name] = str(session_dir / name.lower())
     config.stash[_USER_INDEX_DIGEST] = file_digest(USER_INDEX)
+    prime_process_caches()
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
@@ -192,6 +202,25 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         if callspec is not None and "slurm_generation" in callspec.params:
             module = item.nodeid.split("::", 1)[0]
             item.add_marker(pytest.mark.xdist_group(f"{module}[{callspec.params['slurm_generation']}]"))
+    mark_process_tests(items)
+
+
+def _refusing_processes(item: pytest.Item) -> Iterator[None]:
+    """One phase of a test not marked `process`: starting one fails it (process_rule), also when
+    the code that started it swallowed the error."""
+    if not may_start_processes(item):
+        with processes_refused(item) as refused:
+            yield
+        if refused:
+            raise ProcessInUnitTest(f"{item.nodeid} started a process unmarked: {', '.join(refused)}")
+    else:
+        yield
+
+
+# Setup too: a module-scoped fixture set up for the test counts as its own. Not teardown: a test's
+# teardown also ends the module- and session-scoped fixtures of the tests before it (the labs).
+pytest_runtest_setup = pytest.hookimpl(wrapper=True)(_refusing_processes)
+pytest_runtest_call = pytest.hookimpl(wrapper=True)(_refusing_processes)
 
 
 class Labs:

@@ -9,6 +9,7 @@ import os
 from pathlib import Path
 
 from conftest import USER_INDEX, USER_STATE_VARS, file_digest, slurmddp
+from train_sources import write_main
 
 
 def test_each_test_has_its_own_user_state_directories(own_user_state: dict[str, str], tmp_path: Path) -> None:
@@ -22,7 +23,7 @@ def test_a_submission_is_indexed_in_the_tests_own_state_never_the_users(
     own_user_state: dict[str, str], tmp_path: Path
 ) -> None:
     user_index_before = file_digest(USER_INDEX)
-    (tmp_path / "train.py").write_text("def main(ctx):\n    return {'done': 1}\n")
+    write_main(tmp_path, returns="{'done': 1}")
     exp = tmp_path / "exp.yaml"
     exp.write_text("entrypoint: train.py:main\nresources: {tasks_per_node: 1}\n")
     # The environment every test's subprocesses inherit, as the other tests use it.

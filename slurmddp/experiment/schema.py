@@ -106,12 +106,17 @@ class Resources:
     time: str = "01:00:00"
     """Time limit in any Slurm format: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS."""
     partition: str | None = None
+    """Slurm partition (sbatch --partition); None leaves the cluster's default."""
     account: str | None = None
+    """Account charged for the job (sbatch --account)."""
     qos: str | None = None
+    """Quality of service (sbatch --qos)."""
     constraint: str | None = None
+    """Node features the job needs (sbatch --constraint)."""
     exclude: str | None = None
     """Nodes to avoid (a Slurm hostlist)."""
     comment: str | None = None
+    """Free text kept with the job (sbatch --comment)."""
     sbatch: dict[str, Any] = field(default_factory=dict)
     """Any other sbatch option, as {long-option-name: value}; `true` for a flag."""
     setup: list[str] = field(default_factory=list)

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from train_sources import write_main
 
 from slurmddp.cli.main import main
 from slurmddp.errors import EXIT_USER_ERROR
@@ -287,7 +288,7 @@ PROCESS_CASES = [
 def prepare(tmp: Path) -> dict[str, str]:
     """The cases' directory: an experiment and its code, bad experiment files, a run directory,
     fake Slurm commands that know no job; returns the environment the cases run in."""
-    (tmp / "train.py").write_text("def main(ctx):\n    return {}\n")
+    write_main(tmp)
     (tmp / "exp.yaml").write_text(EXPERIMENT)
     (tmp / "malformed.yaml").write_text("resources: [1,\n")
     (tmp / "list.yaml").write_text("- 1\n")

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import io
 
+import pytest
 from slurm_samples import LAB
 
 from slurmddp.cli import doctor_cmd
 from slurmddp.cluster.checks import examine, failed
 
 
+@pytest.mark.process  # version() asks the Slurm on this machine
 def test_examine_prints_every_check_from_a_fake_cluster() -> None:
     def which(tool: str) -> str | None:
         return f"/opt/slurm/bin/{tool}"

@@ -38,6 +38,7 @@ def run_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return run
 
 
+@pytest.mark.process  # the fake scancel on PATH
 def test_a_failing_scancel_is_a_slurm_error_not_a_user_error(
     run_dir: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

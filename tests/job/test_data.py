@@ -72,6 +72,7 @@ def test_three_ranks_see_every_sample_of_an_epoch_once_and_one_process_sees_the_
     assert [i for i, _, _ in per_rank[0][0]] != [i for i, _, _ in per_rank[0][feeds[0].steps_per_epoch]]
 
 
+@pytest.mark.process  # DataLoader workers
 def test_a_feed_started_mid_epoch_with_workers_gives_the_batches_and_draws_of_an_uninterrupted_one() -> None:
     steps = range(3, 14)
     feed = Feed(loader(1, 2, 2))
@@ -89,6 +90,7 @@ def test_a_feed_started_mid_epoch_with_workers_gives_the_batches_and_draws_of_an
     assert batches(Feed(loader(1, 2, 1)), steps) == whole
 
 
+@pytest.mark.process  # DataLoader workers
 def test_making_an_iterator_does_not_touch_the_global_rng() -> None:
     torch.manual_seed(0)
     before = torch.get_rng_state()

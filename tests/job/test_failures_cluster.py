@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 from conftest import DIE_IN_SHUTDOWN, only_run, slurmddp, wait_for_job
+from train_sources import linear_ddp_train
 
 from slurmddp.cluster import hostlist
 
@@ -34,24 +35,9 @@ dist.destroy_process_group()
 """
 
 # A training function whose rank 1 aborts at step 5 on every attempt.
-CRASH_AT_5 = """
-import os
-import torch
-from slurmddp import RunContext
-
-def train(ctx: RunContext) -> dict:
-    torch.manual_seed(0)
-    model = torch.nn.Linear(8, 1)
-    ddp = ctx.ddp(model)
-    optimizer = torch.optim.SGD(ddp.parameters(), lr=0.1)
-    for step in ctx.loop(20, model=model, optimizer=optimizer):
-        if step == 5 and ctx.rank == 1:
-            os.abort()
-        optimizer.zero_grad()
-        ddp(torch.ones(4, 8)).sum().backward()
-        optimizer.step()
-    return {"step": 20}
-"""
+CRASH_AT_5 = linear_ddp_train(
+    steps=20, at_step=5, rank=1, then="os.abort()", imports="import os", returns='{"step": 20}'
+)
 
 # A plain DDP script whose rank 1 aborts after 3 optimizer steps on every attempt.
 SCRIPT_CRASH_AT_3 = """

@@ -140,6 +140,7 @@ def wandb_offline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.mark.usefixtures("wandb_offline")
+@pytest.mark.process  # wandb's service process
 def test_wandb_offline_requeue_continues_the_same_run_id(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     settings = schema.Trackers(tensorboard=False, wandb=True)
@@ -156,6 +157,7 @@ def test_wandb_offline_requeue_continues_the_same_run_id(tmp_path: Path) -> None
 
 
 @pytest.mark.usefixtures("wandb_offline")
+@pytest.mark.process  # wandb's service process
 def test_wandb_id_is_kept_before_init(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import wandb
 

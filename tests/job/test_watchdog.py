@@ -11,31 +11,16 @@ from pathlib import Path
 from typing import Any
 
 from conftest import slurmddp
+from dist_envs import dist_env
+from train_sources import linear_ddp_train
 
 from slurmddp.job import watchdog
-from slurmddp.job.distenv import DistEnv
 
 HOSTS = ["node1", "node1", "node2", "node2"]
 
 
 def report(rank: int, step: int, waiting: bool, where: str = "train.py:9 in train") -> dict[str, Any]:
     return {"rank": rank, "host": HOSTS[rank], "step": step, "waiting": waiting, "where": where}
-
-
-def one_rank(job_id: str, restart_count: int) -> DistEnv:
-    return DistEnv(
-        rank=0,
-        local_rank=0,
-        world_size=1,
-        local_world_size=1,
-        node_rank=0,
-        num_nodes=1,
-        master_addr="localhost",
-        master_port=1,
-        job_id=job_id,
-        restart_count=restart_count,
-        device_index=None,
-    )
 
 
 def test_the_rank_not_waiting_on_its_peers_is_named() -> None:
@@ -68,25 +53,13 @@ def test_ranks_behind_the_others_are_named_when_all_wait() -> None:
 
 
 def test_hosts_follow_slurms_block_placement() -> None:
-    dist = DistEnv(
-        rank=0,
-        local_rank=0,
-        world_size=6,
-        local_world_size=2,
-        node_rank=0,
-        num_nodes=3,
-        master_addr="gpu01",
-        master_port=1,
-        job_id="9",
-        restart_count=0,
-        device_index=None,
-    )
+    dist = dist_env(world_size=6, local_world_size=2, num_nodes=3, master_addr="gpu01", job_id="9")
     env = {"SLURM_JOB_NODELIST": "gpu[01-03]"}
     assert watchdog.hosts(dist, env) == ["gpu01", "gpu01", "gpu02", "gpu02", "gpu03", "gpu03"]
 
 
 def test_a_stalled_step_fires_once_with_stacks_and_a_failure_record(tmp_path: Path) -> None:
-    dist = one_rank("5", 2)
+    dist = dist_env(job_id="5", restart_count=2)
     exits: list[int] = []
     fired = threading.Event()
 
@@ -116,7 +89,7 @@ def test_a_stalled_step_fires_once_with_stacks_and_a_failure_record(tmp_path: Pa
 
 def test_the_loop_rests_the_watchdog_after_its_last_step(tmp_path: Path) -> None:
     """After the loop (final evaluation, saving), no step comes: that is not a hang."""
-    dist = one_rank("", 0)
+    dist = dist_env(job_id="")
     exits: list[int] = []
     dog = watchdog.Watchdog(tmp_path, dist, 1, exit=exits.append)
     try:
@@ -129,7 +102,7 @@ def test_the_loop_rests_the_watchdog_after_its_last_step(tmp_path: Path) -> None
 
 
 def test_automatic_timeout_grows_with_the_slowest_step(tmp_path: Path) -> None:
-    dist = one_rank("", 0)
+    dist = dist_env(job_id="")
     dog = watchdog.Watchdog(tmp_path, dist, None, exit=lambda status: None)
     try:
         assert dog.limit_s() == watchdog.AUTO_FLOOR_S
@@ -141,24 +114,14 @@ def test_automatic_timeout_grows_with_the_slowest_step(tmp_path: Path) -> None:
         dog.stop()
 
 
-BLOCKING_TRAIN = """
-import threading
-import torch
-from slurmddp import RunContext
-
-def train(ctx: RunContext) -> dict:
-    torch.manual_seed(0)
-    model = torch.nn.Linear(8, 1)
-    ddp = ctx.ddp(model)
-    optimizer = torch.optim.SGD(ddp.parameters(), lr=0.1)
-    for step in ctx.loop(10, model=model, optimizer=optimizer):
-        if step == 3 and ctx.rank == 1:
-            threading.Event().wait()  # blocks forever inside the step
-        optimizer.zero_grad()
-        ddp(torch.ones(4, 8)).sum().backward()
-        optimizer.step()
-    return {"done": True}
-"""
+BLOCKING_TRAIN = linear_ddp_train(
+    steps=10,
+    at_step=3,
+    rank=1,
+    then="threading.Event().wait()  # blocks forever inside the step",
+    imports="import threading",
+    returns='{"done": True}',
+)
 
 
 def test_three_local_ranks_one_blocked_name_it_and_end(tmp_path: Path) -> None:

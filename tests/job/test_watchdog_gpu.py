@@ -8,9 +8,9 @@ import threading
 from pathlib import Path
 
 import pytest
+from dist_envs import dist_env
 
 from slurmddp.job import rendezvous, watchdog
-from slurmddp.job.distenv import DistEnv
 
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -23,19 +23,7 @@ def test_a_stalled_nccl_rank_dumps_its_flight_recorder(
 
     # The recorder keeps entries only with a buffer; torch reads this when the process group starts.
     monkeypatch.setenv("TORCH_NCCL_TRACE_BUFFER_SIZE", "100")
-    dist = DistEnv(
-        rank=0,
-        local_rank=0,
-        world_size=1,
-        local_world_size=1,
-        node_rank=0,
-        num_nodes=1,
-        master_addr="127.0.0.1",
-        master_port=29533,
-        job_id="3",
-        restart_count=0,
-        device_index=0,
-    )
+    dist = dist_env(master_addr="127.0.0.1", master_port=29533, job_id="3", device_index=0)
     store = rendezvous.open_store(dist, 30)
     tdist.init_process_group("nccl", store=store, rank=0, world_size=1, device_id=torch.device("cuda", 0))
     fired = threading.Event()

@@ -218,6 +218,7 @@ EXPECTED = [
 ]
 
 
+@pytest.mark.process  # the fake squeue/sacct on PATH
 def test_status_json_has_each_elements_hours_and_the_sweeps_total(
     sweep: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -237,6 +238,7 @@ def test_status_json_has_each_elements_hours_and_the_sweeps_total(
     assert accounting_calls == [f"-D -X -n -P -j 40,45 -o {','.join(ACCOUNTING_FIELDS)}"]
 
 
+@pytest.mark.process  # the fake squeue/sacct on PATH
 def test_status_table_shows_the_hours_and_a_total_line(
     sweep: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -252,6 +254,7 @@ def test_status_table_shows_the_hours_and_a_total_line(
     assert lines[5] == "total: 4.33 CPU hours, 2.17 GPU hours, 0:08:10 lost to requeues"
 
 
+@pytest.mark.process  # the fake squeue/sacct on PATH
 def test_results_table_and_csv_have_the_hours_of_each_element(
     sweep: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -324,6 +324,7 @@ def test_the_csv_reads_back_into_the_same_numbers() -> None:
     assert body[4][header.index("speedup")] == ""
 
 
+@pytest.mark.process  # matplotlib's first font scan runs fc-list
 def test_the_plot_is_a_png(tmp_path: Path) -> None:
     path = tmp_path / "scaling.png"
     analysis = analyse([*healthy_study(), point(4, 12, 1000.0, role="bucket", bucket=5)], "weak")

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from conftest import QUICKSTART, ROOT
+from train_sources import write_main
 
 from slurmddp.cli.dryrun import rank_env
 from slurmddp.defaults import RunExecutor
@@ -193,7 +194,7 @@ def test_dryrun_prints_script_and_envs_without_torch(tmp_path: Path) -> None:
     ],
 )
 def test_bad_input_is_a_message_not_a_traceback(tmp_path: Path, text: str, needle: str) -> None:
-    (tmp_path / "train.py").write_text("def main(ctx):\n    return {}\n")
+    write_main(tmp_path)
     (tmp_path / "broken.py").write_text("def main(ctx)\n    return {}\n")
     exp = tmp_path / "exp.yaml"
     exp.write_text(text + "executor: local\n")

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from train_sources import write_main
 
 from slurmddp.errors import ConfigError
 from slurmddp.experiment.schema import Entrypoint, Experiment
@@ -144,7 +145,7 @@ def test_files_created_under_no_group_write_are_not_group_writable(tmp_path: Pat
 
 
 def test_a_local_run_is_private_and_its_ranks_accept_its_pickle(tmp_path: Path) -> None:
-    (tmp_path / "train.py").write_text("def main(ctx):\n    return {'rank': ctx.rank}\n")
+    write_main(tmp_path, returns="{'rank': ctx.rank}")
     (tmp_path / "exp.yaml").write_text(
         "entrypoint: train.py:main\nresources: {nodes: 1, tasks_per_node: 1}\n"
         "preflight: {enabled: false}\ntrackers: {tensorboard: false}\n"
