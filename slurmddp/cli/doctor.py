@@ -28,7 +28,7 @@ from slurmddp.job import probe
 from slurmddp.layout import PROBE
 from slurmddp.manage import actions, index
 from slurmddp.submit import submitter
-from slurmddp.submit.planner import plan_for
+from slurmddp.submit.prepare import plan_for
 
 Status = Literal["OK", "WARN", "FAIL"]
 OK: Status = "OK"

@@ -15,11 +15,13 @@ from slurmddp.experiment import study as study_spec
 from slurmddp.experiment.load import Loaded, SweepElement, expand, load_experiment
 from slurmddp.files import write_atomic
 from slurmddp.layout import RESULT, RESULTS_CSV
-from slurmddp.manage import actions, index, logs, report, runs, study, sweeps
+from slurmddp.manage import actions, index, logs, report, runs
+from slurmddp.manage import scaling_study as study
+from slurmddp.manage import sweep_runs as sweeps
 from slurmddp.manage.follow import FINAL_OK, follow
 from slurmddp.submit import submitter
 from slurmddp.submit.plan import SubmissionPlan
-from slurmddp.submit.planner import plan_for, resolve_executor
+from slurmddp.submit.prepare import plan_for, resolve_executor
 
 
 def main(argv: list[str] | None = None) -> int:

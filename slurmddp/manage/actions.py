@@ -25,7 +25,7 @@ from slurmddp.layout import CONFIG, INTERRUPT, PROGRESS
 from slurmddp.manage import runs
 from slurmddp.manage.runs import RunState
 from slurmddp.submit import submitter
-from slurmddp.submit.planner import plan_for
+from slurmddp.submit.prepare import plan_for
 
 # States `resubmit --failed` reruns: the run ended without completing and was not cancelled.
 FAILED_STATES: frozenset[RunState] = frozenset(

@@ -15,7 +15,7 @@ from slurmddp.manage import index, report, runs
 from slurmddp.manage.follow import FINAL_OK, follow
 from slurmddp.submit import submitter
 from slurmddp.submit.plan import SubmissionPlan
-from slurmddp.submit.planner import plan_for
+from slurmddp.submit.prepare import plan_for
 
 ALL_COMPLETED = 0
 """Exit status when every element completed; otherwise EXIT_JOB_FAILED."""

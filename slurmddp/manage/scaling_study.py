@@ -18,10 +18,10 @@ from slurmddp.experiment.load import Loaded, load_experiment, override_texts
 from slurmddp.experiment.study import Element, Study
 from slurmddp.files import write_atomic, write_json
 from slurmddp.layout import PREFLIGHT, RESULT, STUDY_CSV, STUDY_PNG, SWEEP, new_run_dir
-from slurmddp.manage import index, runs, scaling, sweeps
+from slurmddp.manage import index, runs, scaling, sweep_runs
 from slurmddp.manage.follow import FINAL_OK, follow
 from slurmddp.submit import submitter
-from slurmddp.submit.planner import plan_for, resolve_executor
+from slurmddp.submit.prepare import plan_for, resolve_executor
 
 
 def submit(base: Loaded, study: Study, argv: list[str], out: TextIO, wait: bool | None) -> int:
@@ -63,7 +63,7 @@ def submit(base: Loaded, study: Study, argv: list[str], out: TextIO, wait: bool 
     if not (wait if wait is not None else True):
         out.write(f"  report:    python -m slurmddp results {study_dir}\n")
         return 0
-    code = sweeps.wait(study_dir, out)
+    code = sweep_runs.wait(study_dir, out)
     report(runs.load(study_dir), out)
     return code
 
