@@ -268,3 +268,34 @@ def test_the_attempt_identity_is_spelt_only_in_the_records_module(tmp_path: Path
     (tmp_path / "job").mkdir()
     (tmp_path / "job" / "loop.py").write_text('ID = {"restart_count": 0}\n')
     assert spelt_keys(modules(tmp_path), "restart_count") == [f"{tmp_path / 'job' / 'loop.py'}:1"]
+
+
+EXECUTORS = ("local", "slurm")
+EXECUTOR_HOME = PACKAGE / "manage" / "backend.py"
+"""The one module of `manage` that knows what differs between the executors."""
+
+
+def executor_tests(path: Path) -> list[str]:
+    """Where `path` compares a value with an executor's name ("file:line")."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Compare) and any(isinstance(op, (ast.Eq, ast.NotEq)) for op in node.ops):
+            names = [part.value for part in (node.left, *node.comparators) if isinstance(part, ast.Constant)]
+            if any(name in EXECUTORS for name in names):
+                found.append(f"{path.name}:{node.lineno}")
+    return found
+
+
+def test_manage_asks_its_backend_instead_of_testing_the_executor() -> None:
+    found = [
+        where
+        for path in sorted((PACKAGE / "manage").rglob("*.py"))
+        if path != EXECUTOR_HOME
+        for where in executor_tests(path)
+    ]
+    assert found == [], f"ask the run's backend (manage/backend.py) instead: {found}"
+
+
+def test_the_executor_check_can_fail(tmp_path: Path) -> None:
+    (tmp_path / "status.py").write_text('def f(executor):\n    return executor != "local"\n')
+    assert executor_tests(tmp_path / "status.py") == ["status.py:2"]

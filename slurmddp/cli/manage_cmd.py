@@ -11,7 +11,7 @@ from pathlib import Path
 
 from slurmddp.cli.arguments import index_arg, positive_int, run_arg, wait_arg
 from slurmddp.errors import EXIT_JOB_FAILED, SlurmddpError
-from slurmddp.manage import actions, index, logs, report, runs, study
+from slurmddp.manage import actions, index, logs, report, runs, scaling_study
 from slurmddp.manage.follow import FINAL_OK, follow
 from slurmddp.manage.ranking import is_study, rank_and_write
 
@@ -175,7 +175,7 @@ def _list(args: argparse.Namespace) -> int:
 def _results(args: argparse.Namespace) -> int:
     target = runs.resolve(args.run)
     if is_study(target):
-        study.report(target, sys.stdout)
+        scaling_study.report(target, sys.stdout)
         return 0
     ranking = rank_and_write(target, args.metric, args.mode, args.csv, args.plot)
     if args.json:

@@ -15,7 +15,7 @@ from slurmddp.job import mpi, signals
 from slurmddp.job.runtime import run_rank
 from slurmddp.layout import CONFIG, new_run_dir
 from slurmddp.submit import submitter
-from slurmddp.submit.planner import plan_for
+from slurmddp.submit.prepare import plan_for
 
 
 def run(experiment: Path, overrides: list[str]) -> int:

@@ -8,8 +8,7 @@ import sys
 from slurmddp.cli.arguments import experiment_args, positive_int, wait_arg
 from slurmddp.experiment import study as study_spec
 from slurmddp.experiment.load import load_experiment
-from slurmddp.manage import study
-from slurmddp.manage.scale_limit import cluster_nodes
+from slurmddp.manage import scaling_study
 
 
 def parsers() -> dict[str, argparse.ArgumentParser]:
@@ -59,6 +58,6 @@ def _scale(args: argparse.Namespace) -> int:
         bucket_caps=study_spec.numbers(args.bucket_cap_mb, "--bucket-cap-mb", float)
         if args.bucket_cap_mb
         else [],
-        cluster_nodes=cluster_nodes(loaded.experiment),
+        cluster_nodes=scaling_study.cluster_nodes(loaded.experiment),
     )
-    return study.submit(loaded, planned, sys.argv, sys.stdout, args.wait)
+    return scaling_study.submit(loaded, planned, sys.argv, sys.stdout, args.wait)

@@ -10,12 +10,12 @@ from slurmddp.cli.arguments import experiment_args, wait_arg
 from slurmddp.errors import EXIT_JOB_FAILED
 from slurmddp.experiment.load import Loaded, SweepElement, expand, load_experiment
 from slurmddp.layout import RESULT
-from slurmddp.manage import index, sweeps
+from slurmddp.manage import index, sweep_runs
 from slurmddp.manage.follow import FINAL_OK, follow
 from slurmddp.manage.signal_lead import short_lead_warning
 from slurmddp.submit import submitter
 from slurmddp.submit.plan import SubmissionPlan
-from slurmddp.submit.planner import plan_for
+from slurmddp.submit.prepare import plan_for
 
 
 def parsers() -> dict[str, argparse.ArgumentParser]:
@@ -67,7 +67,7 @@ def _submit_sweep(
     args: argparse.Namespace, plan: SubmissionPlan, loaded: Loaded, elements: list[SweepElement]
 ) -> int:
     if plan.executor == "local":
-        return sweeps.run_local(plan, loaded, elements, sys.argv, sys.stdout)
+        return sweep_runs.run_local(plan, loaded, elements, sys.argv, sys.stdout)
     job_id = submitter.submit_sweep(plan, loaded, elements, sys.argv)
     index.remember(plan.run_dir, "sweep", plan.job_name, job_id)
     assert loaded.sweep is not None
@@ -80,7 +80,7 @@ def _submit_sweep(
     print(f"  status:    python -m slurmddp status {plan.run_dir}")
     if not args.wait:
         return 0
-    return sweeps.wait(plan.run_dir, sys.stdout)
+    return sweep_runs.wait(plan.run_dir, sys.stdout)
 
 
 def _dryrun(args: argparse.Namespace) -> int:

@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import os
-import signal
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -31,9 +28,10 @@ from slurmddp.job.records import (
 )
 from slurmddp.layout import CONFIG, PROGRESS
 from slurmddp.manage import runs
+from slurmddp.manage.amend import with_exclude
 from slurmddp.manage.runs import RunState
 from slurmddp.submit import submitter
-from slurmddp.submit.planner import plan_for
+from slurmddp.submit.prepare import plan_for
 
 # States `resubmit --failed` reruns: the run ended without completing and was not cancelled.
 FAILED_STATES: frozenset[RunState] = frozenset(
@@ -69,7 +67,7 @@ def cancel(ref: str, index: int | None = None) -> list[str]:
     """
     target = runs.resolve(ref)
     chosen = target.elements if index is None and target.kind == "sweep" else (target.element(index),)
-    known = slurm.job_states([e.job_id for e in chosen if e.job_id]) if target.executor == "slurm" else {}
+    known = target.backend.job_states([e.job_id for e in chosen if e.job_id])
     done = []
     for element in chosen:
         state = runs.element_state(target, element, known)
@@ -80,23 +78,13 @@ def cancel(ref: str, index: int | None = None) -> list[str]:
         )
         records.append_attempt(element.dir, cancelled)
         done.append(element)
-    if target.executor == "slurm":
-        # A whole sweep by its array ids (pending tasks included); otherwise by task id.
-        if index is None and target.kind == "sweep":
-            ids = sorted({str(s["job_id"]) for s in target.manifest["submissions"] if s["job_id"]})
-        else:
-            ids = [e.job_id for e in done if e.job_id]
-        slurm.cancel(ids)
-    else:
-        for element in done:
-            _kill_local(element)
+    whole_sweep = index is None and target.kind == "sweep"
+    submissions = target.manifest["submissions"] if whole_sweep else ()
+    target.backend.cancel(
+        [e.job_id for e in done if e.job_id],
+        array_ids=sorted({str(s["job_id"]) for s in submissions if s["job_id"]}),
+    )
     return [_label(element) for element in done]
-
-
-def _kill_local(element: runs.Run) -> None:
-    if element.job_id and element.job_id.isdigit():
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(int(element.job_id), signal.SIGTERM)
 
 
 def _label(element: runs.Run) -> str:
@@ -118,29 +106,29 @@ def resubmit_failed(ref: str, argv: list[str]) -> ResubmittedElements:
     target = runs.resolve(ref)
     if target.kind != "sweep":
         raise SlurmddpError(f"{target.dir} is a single run; resubmit works on sweeps (submit the run again)")
-    if target.executor != "slurm":
+    if not target.backend.resubmits_arrays:
         raise SlurmddpError("resubmit needs Slurm; this sweep ran with the local executor")
-    known = slurm.job_states([e.job_id for e in target.elements if e.job_id])
+    known = target.backend.job_states([e.job_id for e in target.elements if e.job_id])
     failed = [e for e in target.elements if runs.element_state(target, e, known) in FAILED_STATES]
     if not failed:
         raise SlurmddpError(f"{target.dir}: no failed elements to resubmit")
     manifest = target.manifest
-    base = _saved(target.dir, manifest)
-    keep_out, notes = _left_out([e.dir for e in failed], base)
+    hosts, notes = _left_out([e.dir for e in failed], _saved(target.dir, manifest))
     elements = [
-        SweepElement(e.index or 0, e.overrides, e.dir.name, _saved(e.dir, manifest, keep_out)) for e in failed
+        SweepElement(e.index or 0, e.overrides, e.dir.name, _kept_out(_saved(e.dir, manifest), hosts))
+        for e in failed
     ]
     plan = plan_for(
-        _saved(target.dir, manifest, keep_out),
+        _kept_out(_saved(target.dir, manifest), hosts),
         elements=elements,
-        executor="slurm",
+        executor=target.executor,
         run_dir=target.dir,
         workdir=Path(manifest["workdir"]),
         submission=len(manifest["submissions"]),
         max_parallel=manifest.get("max_parallel"),
     )
     submitter.check_array_size(len(failed), slurm.max_array_size())
-    submitter.check_schedulable(plan)
+    target.backend.check_schedulable(plan)
     indices = [e.index for e in failed if e.index is not None]
     for element in failed:
         records.append_attempt(element.dir, Resubmit(time.time(), argv))
@@ -169,7 +157,7 @@ def resubmit_run(ref: str, overrides: list[str], argv: list[str]) -> Resubmitted
             "(without overrides); a single run takes overrides"
         )
     element = target.elements[0]
-    known = slurm.job_states([element.job_id]) if target.executor == "slurm" and element.job_id else {}
+    known = target.backend.job_states([element.job_id]) if element.job_id else {}
     state = runs.element_state(target, element, known)
     if state in runs.ACTIVE_STATES:
         raise SlurmddpError(
@@ -179,15 +167,13 @@ def resubmit_run(ref: str, overrides: list[str], argv: list[str]) -> Resubmitted
     if state == "COMPLETED":
         raise SlurmddpError(f"{target.dir} completed: there is nothing to resume")
     before = _saved(target.dir, target.manifest)
-    overrides, notes = _kept_as_before(target, before, overrides)
-    after = _saved(target.dir, target.manifest, overrides)
+    after, notes = _kept_as_before(target, before, overrides)
     changed = check_changes(before.resolved, after.resolved)
     ranks = (before.experiment.resources.world_size, after.experiment.resources.world_size)
     plan = plan_for(
         after, executor=target.executor, run_dir=target.dir, workdir=Path(target.manifest["workdir"])
     )
-    if plan.executor == "slurm":
-        submitter.check_schedulable(plan)
+    target.backend.check_schedulable(plan)
     previous = records.final_end(records.read_attempts(target.dir))
     records.append_attempt(target.dir, Resubmit(time.time(), argv, changed, list(ranks)))
     try:
@@ -200,9 +186,9 @@ def resubmit_run(ref: str, overrides: list[str], argv: list[str]) -> Resubmitted
     return Resubmitted(sub, changed, notes)
 
 
-def _kept_as_before(target: runs.Target, before: Loaded, overrides: list[str]) -> tuple[list[str], list[str]]:
-    """`overrides` plus what keeps the run as it was (each rank's micro-batch when the number of
-    ranks changes, the hosts it left out), and a note on each."""
+def _kept_as_before(target: runs.Target, before: Loaded, overrides: list[str]) -> tuple[Loaded, list[str]]:
+    """The saved experiment with `overrides`, and with what keeps the run as it was (each rank's
+    micro-batch when the number of ranks changes, the hosts it left out), and a note on each."""
     after = _saved(target.dir, target.manifest, overrides)
     notes = []
     ranks = (before.experiment.resources.world_size, after.experiment.resources.world_size)
@@ -210,19 +196,19 @@ def _kept_as_before(target: runs.Target, before: Loaded, overrides: list[str]) -
         accumulate = before.experiment.ddp.accumulate
         wanted = accumulate_for(accumulate, *ranks, _global_batch(target.dir))
         if wanted != accumulate:
-            overrides = [*overrides, f"ddp.accumulate={wanted}"]
+            after = _saved(target.dir, target.manifest, [*overrides, f"ddp.accumulate={wanted}"])
             notes.append(
                 f"{ranks[0]} ranks -> {ranks[1]}: ddp.accumulate {accumulate} -> {wanted}, so that each "
                 "rank's micro-batch is no larger than before (the global batch stays; set "
                 "ddp.accumulate=N to choose)"
             )
-    keep_out, left_out = _left_out([target.dir], after)
-    return [*overrides, *keep_out], notes + left_out
+    hosts, left_out = _left_out([target.dir], after)
+    return _kept_out(after, hosts), notes + left_out
 
 
 def _left_out(run_dirs: Sequence[Path], loaded: Loaded) -> tuple[list[str], list[str]]:
-    """The override that goes on leaving out the hosts these runs left out (excluded.json), with
-    the experiment's own resources.exclude, and a note on each host; nothing when none was."""
+    """The hosts to go on leaving out, those these runs left out (excluded.json) with the
+    experiment's own resources.exclude, and a note on each host they left out; nothing when none."""
     left_out: dict[str, Exclusion] = {}
     for run_dir in run_dirs:
         left_out.update(Exclusions.read(run_dir).hosts)
@@ -231,7 +217,11 @@ def _left_out(run_dirs: Sequence[Path], loaded: Loaded) -> tuple[list[str], list
     user = loaded.experiment.resources.exclude
     hosts = sorted({*left_out, *(hostlist.expand(user) if user else [])})
     notes = [f"leaves out {host}: {why.reason}" for host, why in left_out.items()]
-    return [f"resources.exclude={','.join(hosts)}"], notes
+    return hosts, notes
+
+
+def _kept_out(loaded: Loaded, hosts: Sequence[str]) -> Loaded:
+    return with_exclude(loaded, hosts) if hosts else loaded
 
 
 def _global_batch(run_dir: Path) -> int | None:

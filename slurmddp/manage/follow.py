@@ -13,7 +13,7 @@ import math
 import os
 import pickle
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Protocol, TextIO
 
@@ -22,10 +22,10 @@ from rich.live import Live
 from rich.text import Text
 from submitit.core.utils import pickle_load
 
-from slurmddp.cluster import slurm
 from slurmddp.cluster.slurm import JobState
 from slurmddp.job.records import Progress, final_end, read_attempts
 from slurmddp.layout import METRICS, PERF
+from slurmddp.manage.backend import for_executor
 from slurmddp.manage.runs import FINAL_STATES
 from slurmddp.submit.submitter import Submission
 
@@ -52,7 +52,7 @@ def follow(sub: Submission, out: TextIO, poll_s: float = 1.0) -> JobState:
             _watch(sub, _LiveLine(live), poll_s, started)
     else:
         _watch(sub, _PlainLines(out), poll_s, started)
-    final = slurm.final_state(sub.job_id) if sub.plan.executor == "slurm" else "UNKNOWN"
+    final = for_executor(sub.plan.executor).final_state(sub)
     ended = final_end(read_attempts(sub.plan.run_dir))
     if final == "UNKNOWN" and ended is not None:
         # A cancelled local run's ranks end cleanly, and their results say success.
@@ -226,11 +226,9 @@ def _watch(sub: Submission, view: _View, poll_s: float, started: float) -> None:
     tails = [_Tail(sub.log_path(0, "out")), _Tail(sub.log_path(0, "err"))]
     progress = _Progress(sub.plan.run_dir)
     last = ""
-    state_of: Callable[[], JobState | None] = (
-        _local_state(sub) if sub.plan.executor == "local" else lambda: slurm.queue_state(sub.job_id)
-    )
+    backend = for_executor(sub.plan.executor)
     while True:
-        state = state_of()
+        state = backend.live_state(sub)
         for tail in tails:
             for line in tail.new_lines():
                 view.say(f"  [rank 0] {line}")
@@ -242,13 +240,6 @@ def _watch(sub: Submission, view: _View, poll_s: float, started: float) -> None:
         view.show(progress.line())
         time.sleep(poll_s)
     view.show(progress.line(), final=True)
-
-
-def _local_state(sub: Submission) -> Callable[[], JobState | None]:
-    def state() -> JobState | None:
-        return None if sub.job.done() else "RUNNING"
-
-    return state
 
 
 def _from_results(sub: Submission) -> JobState:

@@ -53,7 +53,7 @@ def _copy_new(path: Path, position: int, out: TextIO) -> int:
 
 
 def _slurm_states(target: runs.Target, element: runs.Run) -> dict[str, slurm.JobState]:
-    return slurm.job_states([element.job_id]) if target.executor == "slurm" and element.job_id else {}
+    return target.backend.job_states([element.job_id]) if element.job_id else {}
 
 
 def _state(target: runs.Target, element: runs.Run) -> RunState:

@@ -18,7 +18,7 @@ from slurmddp.job import probe as rank_probe
 from slurmddp.layout import PROBE
 from slurmddp.manage import actions, index
 from slurmddp.submit import submitter
-from slurmddp.submit.planner import plan_for
+from slurmddp.submit.prepare import plan_for
 
 PROBE_NODES = 2
 PROBE_READY_TIMEOUT_S = 120

@@ -27,8 +27,9 @@ from slurmddp.job.records import (
     final_end,
     read_attempts,
 )
-from slurmddp.layout import FAILURE, MANIFEST, METRICS, PERF, RESULT, SWEEP
+from slurmddp.layout import MANIFEST, METRICS, PERF, SWEEP
 from slurmddp.manage import accounting, index
+from slurmddp.manage.backend import Backend, for_manifest
 
 RunState = Literal[JobState, "UNSUBMITTED"]
 """What `status` shows for a run: Slurm's state, or that it was never submitted."""
@@ -83,8 +84,12 @@ class Target:
     elements: tuple[Run, ...] = field(default=())
 
     @property
+    def backend(self) -> Backend:
+        return for_manifest(self.manifest)
+
+    @property
     def executor(self) -> RunExecutor:
-        return "local" if self.manifest.get("executor") == "local" else "slurm"
+        return self.backend.executor
 
     def element(self, index: int | None) -> Run:
         if index is None:
@@ -185,23 +190,8 @@ def element_state(target: Target, element: Run, states: dict[str, JobState]) -> 
     final = final_end(records)
     if final is not None:
         return FINAL_STATES.get(final.reason, "FAILED")
-    if target.executor == "local":
-        return _local_state(element)
-    if element.job_id is None:
-        return "UNSUBMITTED"
-    return states.get(element.job_id, "UNKNOWN")
-
-
-def _local_state(element: Run) -> RunState:
-    if (element.dir / RESULT).is_file():
-        return "COMPLETED"
-    job = element.job_id
-    # Before the failure record: a resubmitted run runs again beside its last attempt's.
-    if job is not None and job.isdigit() and Path(f"/proc/{job}").exists():
-        return "RUNNING"
-    if (element.dir / FAILURE).is_file():
-        return "FAILED"
-    return "UNKNOWN" if job is None else "FAILED"
+    state = target.backend.state(element.dir, element.job_id, states)
+    return "UNSUBMITTED" if state is None else state
 
 
 @dataclass(frozen=True)
@@ -236,9 +226,9 @@ class Row:
 def rows(target: Target, with_usage: bool = True) -> list[Row]:
     """One row per element; `with_usage=False` skips the sacct call of the hours (for polling)."""
     ids = [e.job_id for e in target.elements if e.job_id is not None]
-    states = slurm.job_states(ids) if target.executor == "slurm" else {}
+    states = target.backend.job_states(ids)
     every_job = [job for element in target.elements for job in element.job_ids]
-    allocations = slurm.allocations(every_job) if with_usage and target.executor == "slurm" else None
+    allocations = target.backend.allocations(every_job) if with_usage else None
     since = _submitted_at(target.manifest)
     now = time.time()
     out = []

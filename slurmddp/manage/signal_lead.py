@@ -7,6 +7,7 @@ from pathlib import Path
 
 from slurmddp.experiment.schema import Experiment
 from slurmddp.manage.actions import last_save_seconds
+from slurmddp.manage.backend import for_executor
 from slurmddp.submit.plan import SubmissionPlan
 
 
@@ -15,7 +16,11 @@ def short_lead_warning(plan: SubmissionPlan, exp: Experiment) -> str | None:
     save_s = last_save_seconds(Path(exp.output_dir), exp.name)
     # The ranks stop one step after the signal, save, and the batch script requeues: the lead
     # must cover the save with room for a slow step and the requeue.
-    if plan.executor != "slurm" or save_s is None or exp.requeue.signal_lead_s >= 2 * save_s + 10:
+    if (
+        not for_executor(plan.executor).signals_ahead
+        or save_s is None
+        or exp.requeue.signal_lead_s >= 2 * save_s + 10
+    ):
         return None
     return (
         f"requeue.signal_lead_s={exp.requeue.signal_lead_s} s may be too short: the last run of "

@@ -1,4 +1,4 @@
-"""The batch script: slurmddp's setup and teardown lines (Jinja templates beside this module) and
+"""The batch script: slurmddp's setup and teardown lines (Jinja templates in batch/ beside this module) and
 the whole script as submitit writes it."""
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ def render_template(template: str, **values: Any) -> str:
     """Render one of the templates; `| q` shell-quotes a value. The constants the script shares
     with Python (module names, the exit status of a finished run) are passed in from here."""
     environment = jinja2.Environment(
-        loader=jinja2.PackageLoader("slurmddp.submit", "templates"),
+        loader=jinja2.PackageLoader("slurmddp.submit", "batch"),
         undefined=jinja2.StrictUndefined,
         trim_blocks=True,
         lstrip_blocks=True,

@@ -15,7 +15,7 @@ import pytest
 
 from slurmddp.cluster import slurm
 from slurmddp.experiment.load import PROFILE_PATH_ENV, expand, load_experiment
-from slurmddp.submit.planner import plan_for
+from slurmddp.submit.prepare import plan_for
 
 GOLDEN = Path(__file__).resolve().parent / "golden"
 REPO = Path(__file__).resolve().parents[2]

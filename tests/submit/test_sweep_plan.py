@@ -16,7 +16,7 @@ from slurmddp.experiment.load import expand, load_experiment
 from slurmddp.job import records
 from slurmddp.submit import submitter
 from slurmddp.submit.plan import SubmissionPlan
-from slurmddp.submit.planner import plan_for
+from slurmddp.submit.prepare import plan_for
 
 SWEEP = ROOT / "examples" / "sweep.yaml"
 

@@ -1,10 +1,11 @@
-"""Running a sweep without Slurm, and following a submitted one to its end."""
+"""Running a sweep (or a scaling study) without Slurm, and following a submitted one to its end."""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 from slurmddp.errors import EXIT_JOB_FAILED
 from slurmddp.experiment.load import Loaded, SweepElement
@@ -15,7 +16,7 @@ from slurmddp.manage import index, report, runs
 from slurmddp.manage.follow import FINAL_OK, follow
 from slurmddp.submit import submitter
 from slurmddp.submit.plan import SubmissionPlan
-from slurmddp.submit.planner import plan_for
+from slurmddp.submit.prepare import plan_for
 
 ALL_COMPLETED = 0
 """Exit status when every element completed; otherwise EXIT_JOB_FAILED."""
@@ -31,15 +32,40 @@ def run_local(
     index.remember(plan.run_dir, "sweep", plan.job_name, "local")
     out.write(f"slurmddp: running a sweep of {len(elements)} elements here, one after another\n")
     out.write(f"  sweep dir: {plan.run_dir}\n")
-    failed = 0
-    for element in elements:
-        element_plan = plan_for(element.loaded, executor="local", run_dir=plan.run_dir / element.dir_name)
-        sub = submitter.submit(element_plan, element.loaded, argv)
-        submitter.record_submission(plan.run_dir, manifest, sub, element.index)
-        out.write(f"slurmddp: element {element.index} ({describe(element.overrides)}): job {sub.job_id}\n")
-        failed += follow(sub, out) != FINAL_OK
+    failed = run_each(plan.run_dir, manifest, [(e, describe(e.overrides)) for e in elements], argv, out)
     print_status(plan.run_dir, out)
     return EXIT_JOB_FAILED if failed else ALL_COMPLETED
+
+
+def run_each(
+    run_dir: Path,
+    manifest: dict[str, Any],
+    labelled: Sequence[tuple[SweepElement, str]],
+    argv: list[str],
+    out: TextIO,
+) -> int:
+    """Run the elements of a sweep or study here, one after another, each as its own job in its
+    directory under `run_dir`, followed to its end; how many did not complete."""
+    failed = 0
+    for element, label in labelled:
+        element_plan = plan_for(element.loaded, executor="local", run_dir=run_dir / element.dir_name)
+        sub = submitter.submit(element_plan, element.loaded, argv)
+        record(run_dir, manifest, element, label, sub, out)
+        failed += follow(sub, out) != FINAL_OK
+    return failed
+
+
+def record(
+    run_dir: Path,
+    manifest: dict[str, Any],
+    element: SweepElement,
+    label: str,
+    sub: submitter.Submission,
+    out: TextIO,
+) -> None:
+    """Record an element submitted on its own in the sweep manifest, and say so."""
+    submitter.record_submission(run_dir, manifest, sub, element.index)
+    out.write(f"slurmddp: element {element.index} ({label}): job {sub.job_id}\n")
 
 
 def wait(sweep_dir: Path, out: TextIO, poll_s: float = 5.0) -> int:

@@ -14,31 +14,34 @@ from typing import Any, TextIO
 
 from slurmddp.cluster import slurm
 from slurmddp.errors import EXIT_JOB_FAILED, ConfigError, SlurmddpError
-from slurmddp.experiment.load import Loaded, load_experiment, override_texts
+from slurmddp.experiment.load import Loaded, SweepElement, load_experiment, override_texts
+from slurmddp.experiment.schema import Experiment
 from slurmddp.experiment.study import Element, Study
 from slurmddp.files import write_atomic, write_json
 from slurmddp.layout import PREFLIGHT, RESULT, STUDY_CSV, STUDY_PNG, SWEEP, new_run_dir
-from slurmddp.manage import index, runs, scaling, sweeps
-from slurmddp.manage.follow import FINAL_OK, follow
+from slurmddp.manage import index, runs, scaling, sweep_runs
+from slurmddp.manage.amend import with_dependency
+from slurmddp.manage.backend import for_executor
 from slurmddp.submit import submitter
-from slurmddp.submit.planner import plan_for, resolve_executor
+from slurmddp.submit.prepare import plan_for, resolve_executor
 
 
 def submit(base: Loaded, study: Study, argv: list[str], out: TextIO, wait: bool | None) -> int:
     """Submit every element of `study` of the experiment `base` (all or none), then, when waiting,
     follow them and print the report."""
-    source, overrides = base.source, list(base.overrides)
     if base.sweep is not None:
-        raise ConfigError(f"{source}: scale measures one experiment; drop its sweep: section (sweep=null)")
-    loaded = [load_experiment(source, [*overrides, *override_texts(e.overrides)]) for e in study.elements]
+        raise ConfigError(
+            f"{base.source}: scale measures one experiment; drop its sweep: section (sweep=null)"
+        )
+    labelled = [(_loaded(base, element), element.label) for element in study.elements]
     executor = resolve_executor(base.experiment.executor)
+    backend = for_executor(executor)
     study_dir = new_run_dir(base.experiment.output_dir, base.experiment.name)
-    if executor == "slurm":
-        # Every size is asked about before any is submitted: a study is submitted whole or not at all.
-        for element, one in zip(study.elements, loaded, strict=True):
-            submitter.check_schedulable(
-                plan_for(one, executor="slurm", run_dir=study_dir / dir_name(element))
-            )
+    # Every size is asked about before any is submitted: a study is submitted whole or not at all.
+    for element, _ in labelled:
+        backend.check_schedulable(
+            plan_for(element.loaded, executor=executor, run_dir=study_dir / element.dir_name)
+        )
     plan = plan_for(base, executor=executor, run_dir=study_dir)
     created = submitter.make_run_dir(study_dir, base.experiment)
     described = {"mode": study.mode, "batch_key": study.batch_key}
@@ -46,51 +49,50 @@ def submit(base: Loaded, study: Study, argv: list[str], out: TextIO, wait: bool 
     write_json(study_dir / SWEEP, manifest)
     out.write(f"slurmddp: {study.mode} scaling study of {len(study.elements)} jobs, one at a time\n")
     out.write(f"  study dir: {study_dir}\n")
-    if executor == "local":
+    if backend.runs_here:
         index.remember(study_dir, "sweep", plan.job_name, "local")
-        failed = 0
-        for element, one in zip(study.elements, loaded, strict=True):
-            sub = submitter.submit(
-                plan_for(one, executor="local", run_dir=study_dir / dir_name(element)), one, argv
-            )
-            submitter.record_submission(study_dir, manifest, sub, element.index)
-            out.write(f"slurmddp: element {element.index} ({element.label}): job {sub.job_id}\n")
-            failed += follow(sub, out) != FINAL_OK
+        failed = sweep_runs.run_each(study_dir, manifest, labelled, argv, out)
         report(runs.load(study_dir), out)
         return EXIT_JOB_FAILED if failed else 0
-    first = _submit_chain(source, overrides, study, study_dir, manifest, argv, created, out)
+    first = _submit_chain(labelled, study_dir, manifest, argv, created, out)
     index.remember(study_dir, "sweep", plan.job_name, first)
     if not (wait if wait is not None else True):
         out.write(f"  report:    python -m slurmddp results {study_dir}\n")
         return 0
-    code = sweeps.wait(study_dir, out)
+    code = sweep_runs.wait(study_dir, out)
     report(runs.load(study_dir), out)
     return code
 
 
+def _loaded(base: Loaded, element: Element) -> SweepElement:
+    """The element as a sweep's: the experiment with its overrides, in its own directory."""
+    overrides = [*base.overrides, *override_texts(element.overrides)]
+    return SweepElement(
+        element.index, element.overrides, dir_name(element), load_experiment(base.source, overrides)
+    )
+
+
 def _submit_chain(
-    source: Path,
-    overrides: list[str],
-    study: Study,
+    labelled: list[tuple[SweepElement, str]],
     study_dir: Path,
     manifest: dict[str, Any],
     argv: list[str],
     created: list[Path],
     out: TextIO,
 ) -> str:
-    """Submit the elements, each depending on the one before; on a refusal cancel those already
-    submitted and remove the study directory. The first job's id."""
+    """Submit the elements to Slurm, each depending on the one before; on a refusal cancel those
+    already submitted and remove the study directory. The first job's id."""
     submitted: list[str] = []
     try:
-        for element in study.elements:
-            after = [f"resources.sbatch.dependency=afterany:{submitted[-1]}"] if submitted else []
-            one: Loaded = load_experiment(source, [*overrides, *override_texts(element.overrides), *after])
+        for element, label in labelled:
+            one = (
+                with_dependency(element.loaded, f"afterany:{submitted[-1]}") if submitted else element.loaded
+            )
             sub = submitter.submit(
-                plan_for(one, executor="slurm", run_dir=study_dir / dir_name(element)), one, argv
+                plan_for(one, executor="slurm", run_dir=study_dir / element.dir_name), one, argv
             )
             submitted.append(sub.job_id)
-            submitter.record_submission(study_dir, manifest, sub, element.index)
-            out.write(f"slurmddp: element {element.index} ({element.label}): job {sub.job_id}\n")
+            sweep_runs.record(study_dir, manifest, element, label, sub, out)
     except BaseException:
         if submitted:
             slurm.cancel(submitted)
@@ -162,3 +164,10 @@ def _with_samples(telemetry: Any, global_batch: Any) -> dict[str, Any] | None:
     if telemetry.get("samples_per_s") is None and isinstance(global_batch, int) and steps_per_s:
         return {**telemetry, "samples_per_s": global_batch * steps_per_s}
     return telemetry
+
+
+def cluster_nodes(exp: Experiment) -> int | None:
+    """The nodes of the experiment's partition, checked before the study is submitted: a size the
+    cluster cannot hold would wait in the queue for ever. None where scontrol cannot say or there
+    is no cluster (local runs)."""
+    return for_executor(resolve_executor(exp.executor)).partition_nodes(exp.resources.partition)
