@@ -9,13 +9,15 @@ The package follows the flow of a submission; each sub-package is one side of it
 
     experiment/  the schema, loading and layering, the sweep spec, entrypoint checks
     submit/      experiment -> SubmissionPlan (pure) -> submitit; the batch-script templates
-    job/         everything inside an allocation: boot, the rank spec and runtime, distenv, the MPI
-                 handshake, signals, loop, checkpoint, data (loaders) and sampler, metrics
-                 (reductions), trackers, preflight, provenance, attempts
-    manage/      runs read back from their directories: status, logs, cancel, resubmit, results
+    job/         everything inside an allocation: boot, the rank spec (typed settings) and runtime,
+                 distenv, the MPI handshake, signals, loop, checkpoint, data (loaders) and sampler,
+                 metrics (reductions), trackers, preflight, provenance, the run directory's
+                 records, the requeue policy and the batch script's attempt entry
+    manage/      runs read back from their directories: status, logs, cancel, resubmit, results,
+                 sweeps and scaling studies; what differs between executors in one backend each
     cluster/     facts about Slurm and the machine: host lists, time syntax, fabric detection,
                  and the one module that runs Slurm's commands
-    cli/         argument parsing and entry points (`doctor`, `dryrun`, the MPI launcher)
+    cli/         argument parsing and entry points, one module per group of commands
     errors, files, yamlio, layout, defaults: leaf helpers
 
 Import rules (tests/test_architecture.py enforces them, imports inside functions included):

@@ -1,6 +1,6 @@
 """`python -m slurmddp doctor`: is this cluster set up the way slurmddp relies on?
 
-The checks live in slurmddp.cluster.checks, the `--probe` job in slurmddp.manage.probe; this
+The checks live in slurmddp.cluster.checks, the `--probe` job in slurmddp.manage.probe_run; this
 module takes the arguments and turns the verdicts into the exit status.
 """
 
@@ -13,7 +13,7 @@ from typing import TextIO
 
 from slurmddp.cluster.checks import Examination, describe_generation, examine, failed, format_checks
 from slurmddp.errors import ConfigError
-from slurmddp.manage.probe import probe_experiment, run_probe
+from slurmddp.manage.probe_run import probe_experiment, run_probe
 
 
 def parsers() -> dict[str, argparse.ArgumentParser]:
