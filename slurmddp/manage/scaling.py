@@ -1,25 +1,21 @@
-"""A scaling study's finished elements -> table rows, verdicts in words, CSV and a PNG.
+"""A scaling study's finished elements -> rows of numbers and verdicts in words (what they look like
+as a table, CSV and PNG: manage/scaling_report.py).
 
 The study runs one experiment at several sizes plus a 1-rank baseline (and optionally several DDP
 bucket sizes at the largest size). Each size is compared with the baseline, and a size that falls
-short is explained by what its telemetry and its preflight show. Plain values in, text out; only
-`plot` touches a file.
+short is explained by what its telemetry and its preflight show. Plain values in, text out.
 """
 
 from __future__ import annotations
 
-import csv
-import io
 import math
 import statistics
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import astuple, dataclass, fields
-from pathlib import Path
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from slurmddp.errors import SlurmddpError
 from slurmddp.job.preflight import Link, slow_hosts
-from slurmddp.manage.report import table
 
 EFFICIENCY_FLOOR = 0.90
 """A size below this share of the ideal speedup is flagged."""
@@ -36,10 +32,11 @@ COMPUTE_SLACK = 1.2
 baseline's predicts is named: the ranks are slower at computing, not at talking."""
 MODES = ("weak", "strong")
 COMPLETED = "COMPLETED"
-_SCALING = {
+SCALING_NAMES = {
     "weak": "weak scaling (same batch per rank)",
     "strong": "strong scaling (same global batch)",
 }
+"""What each mode is called in verdicts and plot titles."""
 
 
 @dataclass(frozen=True)
@@ -120,97 +117,6 @@ def analyse(points: Sequence[Point], mode: str) -> Analysis:
     return Analysis(mode, unit, rows, tuple(verdicts), _bucket_advice(rows, unit))
 
 
-def study_table(rows: Sequence[Row], unit: str) -> str:
-    header = [
-        "index",
-        "element",
-        "nodes",
-        "ranks",
-        unit,
-        f"{unit} per rank",
-        "speedup",
-        "efficiency",
-        "step ms",
-        "comm exposed",
-        "data wait",
-        "barrier ms",
-        "state",
-    ]
-    body = [
-        [
-            str(r.index),
-            r.label,
-            str(r.nodes),
-            str(r.ranks),
-            _cell(r.throughput, _rate),
-            _cell(r.per_rank, _rate),
-            _cell(r.speedup, lambda v: f"{v:.2f}"),
-            _cell(r.efficiency, _percent),
-            _cell(r.step_s, _ms),
-            _cell(r.exposed_comm_frac, _percent),
-            _cell(r.data_wait_frac, _percent),
-            _cell(r.barrier_s, lambda v: f"{v * 1000:.2f}"),
-            r.state,
-        ]
-        for r in rows
-    ]
-    return table(header, body)
-
-
-def study_csv(rows: Sequence[Row], unit: str) -> str:
-    """The rows' raw numbers (seconds and fractions, not ms and %); empty where not measured. The
-    throughput columns are named by the unit (samples_per_s, samples_per_s_per_rank)."""
-    key = unit.replace("/", "_per_")
-    renamed = {"throughput": key, "per_rank": f"{key}_per_rank"}
-    out = io.StringIO()
-    writer = csv.writer(out)
-    writer.writerow([renamed.get(f.name, f.name) for f in fields(Row)])
-    for row in rows:
-        writer.writerow(["" if value is None else value for value in astuple(row)])
-    return out.getvalue()
-
-
-def plot(rows: Sequence[Row], path: Path, mode: str) -> None:
-    """A PNG: speedup against the ideal, and efficiency against the floor, over ranks (baseline and
-    sizes only; needs the `plot` extra: matplotlib)."""
-    measured = sorted(
-        (r.ranks, r.speedup, 100 * r.efficiency)
-        for r in rows
-        if r.role in ("baseline", "size") and r.speedup is not None and r.efficiency is not None
-    )
-    baseline = next((r for r in rows if r.role == "baseline"), None)
-    if baseline is None or not measured:
-        raise SlurmddpError(
-            "the scaling plot needs a speedup: no element has one (the baseline is missing or unmeasured)"
-        )
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise SlurmddpError("the scaling plot needs matplotlib: pip install 'slurmddp[plot]'") from None
-    ranks, speedups, efficiencies = zip(*measured, strict=True)
-    figure, (left, right) = plt.subplots(1, 2, figsize=(11, 4.5))
-    left.plot(ranks, [n / baseline.ranks for n in ranks], "--", color="gray", label="ideal")
-    left.plot(ranks, speedups, "o-", label="measured")
-    left.set_xlabel("ranks")
-    left.set_ylabel(f"speedup over {baseline.ranks} rank(s)")
-    left.legend(fontsize="small")
-    right.plot(ranks, efficiencies, "o-", label="measured")
-    right.axhline(100 * EFFICIENCY_FLOOR, linestyle="--", color="gray", label=f"{EFFICIENCY_FLOOR:.0%}")
-    right.set_ylim(0, max(100.0, *efficiencies) + 5)
-    right.set_xlabel("ranks")
-    right.set_ylabel("efficiency (%)")
-    right.legend(fontsize="small")
-    for axes in (left, right):
-        axes.set_xticks(ranks)
-    figure.suptitle(_SCALING[mode])
-    figure.tight_layout()
-    figure.savefig(path, format="png")
-    plt.close(figure)
-
-
 def _unit(points: Sequence[Point]) -> str:
     # One unit for every row, so that the ratios compare like with like: samples/s only where every
     # measured element counted samples (a loop without a data loader counts only steps).
@@ -277,7 +183,7 @@ def _slower_compute(point: Point, base_ranks: int, mode: str, alone: float | Non
     if measured <= COMPUTE_SLACK * expected:
         return None
     return (
-        f"each rank computes {_ms(measured)} ms a step where the baseline predicts {_ms(expected)} ms: the "
+        f"each rank computes {ms(measured)} ms a step where the baseline predicts {ms(expected)} ms: the "
         "ranks compute slower together than alone (nodes shared with other ranks or jobs, CPU threads "
         "competing for cores, slower or throttled nodes); check the cores and GPUs each rank really has"
     )
@@ -302,7 +208,7 @@ def _point_verdicts(point: Point, row: Row, base_ranks: int, mode: str, alone: f
     if row.efficiency is not None and row.speedup is not None:
         below = f", below the {EFFICIENCY_FLOOR:.0%} floor" if low else ""
         lines.append(
-            f"{name}: efficiency {_percent(row.efficiency)} (speedup {row.speedup:.2f}, ideal "
+            f"{name}: efficiency {percent(row.efficiency)} (speedup {row.speedup:.2f}, ideal "
             f"{row.ranks / base_ranks:g}){below}"
         )
     elif not lines:
@@ -321,9 +227,9 @@ def _causes(point: Point, row: Row, telemetry: Mapping[str, Any]) -> list[str]:
     exposed = row.exposed_comm_frac
     if exposed is not None and exposed > COMM_CEILING:
         comm_s = _value(telemetry, "comm_s")
-        of = "" if comm_s is None else f" (all-reduces take {_ms(comm_s)} ms of each step in all)"
+        of = "" if comm_s is None else f" (all-reduces take {ms(comm_s)} ms of each step in all)"
         causes.append(
-            f"communication is not hidden behind compute: {_percent(exposed)} of the step"
+            f"communication is not hidden behind compute: {percent(exposed)} of the step"
             f"{of}; more compute per step hides more of it (a larger batch per rank), a faster fabric "
             "shortens it"
         )
@@ -344,7 +250,7 @@ def _causes(point: Point, row: Row, telemetry: Mapping[str, Any]) -> list[str]:
         causes.append(buckets)
     if row.data_wait_frac is not None and row.data_wait_frac > DATA_CEILING:
         causes.append(
-            f"ranks wait for data {_percent(row.data_wait_frac)} of the step: more DataLoader workers "
+            f"ranks wait for data {percent(row.data_wait_frac)} of the step: more DataLoader workers "
             "(num_workers), faster storage"
         )
     link = _slow_link(_links(point.preflight))
@@ -365,8 +271,8 @@ def _small_buckets(telemetry: Mapping[str, Any]) -> str | None:
     sizes = [b for b in telemetry.get("bucket_bytes") or () if isinstance(b, int | float)]
     mean = f" of {statistics.fmean(sizes) / 2**20:.2f} MB on average" if sizes else ""
     return (
-        f"{count:g} gradient buckets{mean} take {_ms(each)} ms each to all-reduce, under {LATENCY_BOUND} "
-        f"barrier latencies ({_ms(barrier_s)} ms each): latency bounds them; raise ddp.bucket_cap_mb "
+        f"{count:g} gradient buckets{mean} take {ms(each)} ms each to all-reduce, under {LATENCY_BOUND} "
+        f"barrier latencies ({ms(barrier_s)} ms each): latency bounds them; raise ddp.bucket_cap_mb "
         "(try `--bucket-cap-mb` in the study)"
     )
 
@@ -408,15 +314,13 @@ def _slow_link(links: Sequence[Link]) -> str | None:
 
 def _no_cause(point: Point, row: Row, telemetry: Mapping[str, Any], mode: str) -> str:
     if row.exposed_comm_frac is not None:
-        comm = f"{_percent(row.exposed_comm_frac)} exposed communication"
+        comm = f"{percent(row.exposed_comm_frac)} exposed communication"
     elif not _comm_measured(telemetry):
         comm = "communication not measured (the model installs its own comm hook)"
     else:
         comm = "communication not measured"
     wait = (
-        "data wait not measured"
-        if row.data_wait_frac is None
-        else f"{_percent(row.data_wait_frac)} data wait"
+        "data wait not measured" if row.data_wait_frac is None else f"{percent(row.data_wait_frac)} data wait"
     )
     buckets = (
         ", no latency-bound buckets"
@@ -434,7 +338,7 @@ def _no_cause(point: Point, row: Row, telemetry: Mapping[str, Any], mode: str) -
 
 
 def _overall(rows: Sequence[Row], mode: str) -> str:
-    scaling = _SCALING[mode]
+    scaling = SCALING_NAMES[mode]
     sized = [r for r in rows if r.role in ("baseline", "size")]
     baseline = next((r for r in sized if r.role == "baseline"), None)
     if baseline is None or baseline.throughput is None:
@@ -454,7 +358,7 @@ def _overall(rows: Sequence[Row], mode: str) -> str:
         if measured.ranks > baseline.ranks and measured.efficiency is not None:
             text += (
                 f"; the largest measured, {measured.ranks} ranks ({measured.label}): "
-                f"{_percent(measured.efficiency)}"
+                f"{percent(measured.efficiency)}"
             )
         return text
     unmeasured = any(r.efficiency is None for r in sized)
@@ -462,7 +366,7 @@ def _overall(rows: Sequence[Row], mode: str) -> str:
         r.ranks > 1 and ((r.efficiency is not None and r.efficiency < EFFICIENCY_FLOOR) or _comm_flagged(r))
         for r in sized
     )
-    efficiency = _percent(largest.efficiency)
+    efficiency = percent(largest.efficiency)
     if largest.efficiency >= EFFICIENCY_FLOOR and not (flagged or unmeasured):
         return (
             f"{scaling} is within the thresholds: efficiency {efficiency} at {where}; every size reaches "
@@ -506,7 +410,7 @@ def _bucket(row: Row) -> str:
 
 def _measured(row: Row) -> str:
     if row.throughput is not None:
-        return _rate(row.throughput)
+        return rate(row.throughput)
     return row.state if row.state != COMPLETED else "not measured"
 
 
@@ -528,18 +432,14 @@ def _value(mapping: Mapping[str, Any] | None, key: str) -> float | None:
     return float(value)
 
 
-def _cell(value: float | None, shown: Callable[[float], str]) -> str:
-    return "-" if value is None else shown(value)
-
-
-def _rate(value: float) -> str:
+def rate(value: float) -> str:
     return f"{value:.1f}" if value >= 1 else f"{value:.3g}"
 
 
-def _percent(value: float) -> str:
+def percent(value: float) -> str:
     # One decimal: 89.6 % must not read as the 90 % it fails.
     return f"{value:.1%}"
 
 
-def _ms(seconds: float) -> str:
+def ms(seconds: float) -> str:
     return f"{seconds * 1000:.2f}"

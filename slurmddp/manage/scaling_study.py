@@ -19,7 +19,7 @@ from slurmddp.experiment.schema import Experiment
 from slurmddp.experiment.study import Element, Study
 from slurmddp.files import write_atomic, write_json
 from slurmddp.layout import PREFLIGHT, RESULT, STUDY_CSV, STUDY_PNG, SWEEP, new_run_dir
-from slurmddp.manage import index, runs, scaling, sweep_runs
+from slurmddp.manage import index, runs, scaling, scaling_report, sweep_runs
 from slurmddp.manage.amend import with_dependency
 from slurmddp.manage.backend import for_executor
 from slurmddp.submit import submitter
@@ -138,15 +138,15 @@ def report(target: runs.Target, out: TextIO) -> scaling.Analysis:
         for element in target.elements
     ]
     analysis = scaling.analyse(points, str(study["mode"]))
-    out.write(scaling.study_table(analysis.rows, analysis.unit) + "\n")
+    out.write(scaling_report.study_table(analysis.rows, analysis.unit) + "\n")
     for line in analysis.verdicts:
         out.write(f"  {line}\n")
     if analysis.bucket_advice:
         out.write(f"  {analysis.bucket_advice}\n")
-    write_atomic(target.dir / STUDY_CSV, scaling.study_csv(analysis.rows, analysis.unit))
+    write_atomic(target.dir / STUDY_CSV, scaling_report.study_csv(analysis.rows, analysis.unit))
     written = [str(target.dir / STUDY_CSV)]
     try:
-        scaling.plot(analysis.rows, target.dir / STUDY_PNG, str(study["mode"]))
+        scaling_report.plot(analysis.rows, target.dir / STUDY_PNG, str(study["mode"]))
         written.append(str(target.dir / STUDY_PNG))
     except SlurmddpError as exc:
         out.write(f"slurmddp: no plot: {exc}\n")

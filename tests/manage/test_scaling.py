@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 
 from slurmddp.errors import SlurmddpError
-from slurmddp.manage.scaling import Analysis, Point, analyse, plot, study_csv, study_table
+from slurmddp.manage.scaling import Analysis, Point, analyse
+from slurmddp.manage.scaling_report import plot, study_csv, study_table
 
 # A telemetry in which nothing is wrong: communication hidden, no data wait, buckets that take far
 # longer than a barrier (each 10 ms against 0.1 ms).
