@@ -58,11 +58,17 @@ def test_a_pickle_others_may_write_is_refused_by_every_rank(
     subprocess.run(["scontrol", "release", job_id], env=env, check=True, capture_output=True)
 
     assert wait_for_job(job_id, env, timeout=180) == "FAILED"
-    for rank in range(NODES):
-        err = (run / "logs" / f"{job_id}_{rank}_log.err").read_text()
-        refused = f"slurmddp: refusing to unpickle the job {pickled}: the file {pickled} may be written by"
-        assert f"{refused} others" in err, err
-        assert "nothing was run" in err and "Traceback" not in err
+    errs = [(run / "logs" / f"{job_id}_{rank}_log.err").read_text() for rank in range(NODES)]
+    refused = f"slurmddp: refusing to unpickle the job {pickled}: the file {pickled} may be written by others"
+    # srun ends the other tasks once one exits with an error: a rank that reached the check after
+    # the first refusal may have been ended before it (srun says so in the batch step's log, rank
+    # 0's), having run nothing either. Seen once in CI with four labs on 2 cores.
+    ended_by_srun = [f"task {rank}: Terminated" in errs[0] for rank in range(NODES)]
+    assert any(refused in err for err in errs), errs
+    for rank, err in enumerate(errs):
+        assert refused in err or ended_by_srun[rank], err
+        assert "Traceback" not in err
+        assert refused not in err or "nothing was run" in err
     assert not list(run.glob("ran-*")) and not (run / "result.json").exists(), "the job ran"
     attempts = [json.loads(line) for line in (run / "attempts.jsonl").read_text().splitlines()]
     ends = [record for record in attempts if record["event"] == "end"]
