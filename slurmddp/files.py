@@ -42,6 +42,15 @@ def write_json(path: Path, data: Any) -> None:
     write_atomic(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
 
 
+def read_json_object(path: Path) -> dict[str, Any] | None:
+    """The JSON object at `path`; None when it is missing, torn or not an object."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
 def make_dirs(path: Path, mode: int) -> list[Path]:
     """Create directory `path`, which must not exist yet, and its missing parents, each with exactly
     `mode` (the umask would only narrow mkdir's); the ones created, outermost first.

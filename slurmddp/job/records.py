@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from slurmddp.defaults import EndReason, RequeueReason
-from slurmddp.files import write_json
+from slurmddp.files import read_json_object, write_json
 from slurmddp.layout import ATTEMPTS, CONFIG, EXCLUDED, FAILURE, INTERRUPT, PROGRESS, RESULT, STOP, SWEEP
 
 CANCELLED: EndReason = "cancelled"
@@ -53,15 +53,6 @@ class AttemptId:
         return str(data.get("job_id")) == self.job_id and data.get("restart_count") == self.restart_count
 
 
-def _read_object(path: Path) -> dict[str, Any] | None:
-    """The JSON object at `path`; None when it is missing, torn or not an object."""
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
-
-
 def _without_none(data: Mapping[str, Any]) -> dict[str, Any]:
     """The keys a writer filled: where two writers of a file differ, each leaves the other's out."""
     return {key: value for key, value in data.items() if value is not None}
@@ -69,7 +60,7 @@ def _without_none(data: Mapping[str, Any]) -> dict[str, Any]:
 
 def completed_by(run_dir: Path, attempt: AttemptId) -> bool:
     """Whether `attempt` wrote result.json: every rank returned from the function."""
-    data = _read_object(run_dir / RESULT)
+    data = read_json_object(run_dir / RESULT)
     return data is not None and attempt.wrote(data)
 
 
@@ -96,7 +87,7 @@ class Progress:
 
     @classmethod
     def read(cls, run_dir: Path) -> Progress | None:
-        data = _read_object(run_dir / PROGRESS)
+        data = read_json_object(run_dir / PROGRESS)
         if data is None or not isinstance(data.get("step"), int):
             return None
         loop = None
@@ -136,7 +127,7 @@ class Stop:
     @classmethod
     def read_for(cls, run_dir: Path, attempt: AttemptId) -> Stop | None:
         """The stop of `attempt`; None when this attempt was not told to stop."""
-        data = _read_object(run_dir / STOP)
+        data = read_json_object(run_dir / STOP)
         if data is None or not attempt.wrote(data):
             return None
         return cls(
@@ -184,7 +175,7 @@ class Failure:
     @classmethod
     def read_for(cls, run_dir: Path, attempt: AttemptId) -> Failure | None:
         """The failure of `attempt`; None when it recorded none."""
-        data = _read_object(run_dir / FAILURE)
+        data = read_json_object(run_dir / FAILURE)
         if data is None or not attempt.wrote(data):
             return None
         return cls(
@@ -236,7 +227,7 @@ class Interrupt:
 
     @classmethod
     def read_for(cls, run_dir: Path, attempt: AttemptId) -> Interrupt | None:
-        data = _read_object(run_dir / INTERRUPT)
+        data = read_json_object(run_dir / INTERRUPT)
         if data is None or not attempt.wrote(data):
             return None
         return cls(cast(RequeueReason, data["reason"]), attempt)
@@ -399,7 +390,7 @@ class Exclusions:
 
     @classmethod
     def read(cls, run_dir: Path) -> Exclusions:
-        data = _read_object(run_dir / EXCLUDED)
+        data = read_json_object(run_dir / EXCLUDED)
         hosts = data.get("hosts") if data is not None else None
         if not isinstance(hosts, dict):
             return cls()

@@ -17,6 +17,7 @@ from slurmddp.cluster import slurm
 from slurmddp.cluster.slurm import JobState
 from slurmddp.defaults import EndReason, RunExecutor, RunKind
 from slurmddp.errors import SlurmddpError
+from slurmddp.files import read_json_object
 from slurmddp.job.records import (
     AttemptEvent,
     Begin,
@@ -356,8 +357,4 @@ def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
 
 def read_optional(path: Path) -> dict[str, Any]:
     """A JSON object from `path`; {} when it is missing, torn or not an object."""
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
+    return read_json_object(path) or {}
