@@ -199,8 +199,8 @@ def examine(
                 "scontrol show config",
                 FAIL,
                 said,
-                "cannot reach slurmctld: check SLURM_CONF, or run on a login node; to train on this "
-                "machine meanwhile, submit with executor=local",
+                "cannot reach slurmctld: check SLURM_CONF; to train on this machine meanwhile, "
+                "submit with executor=local",
             )
         )
         return Examination(checks, None, None)

@@ -83,20 +83,19 @@ def available(tool: str = "sbatch") -> bool:
     return shutil.which(tool) is not None
 
 
-PING_TIMEOUT_S = 5
+PING_TIMEOUT_S: float = 5
 """How long `scontrol ping` may take: a controller that answers does in milliseconds, while an
 unreachable one keeps scontrol retrying for MessageTimeout (10 s by default) or longer."""
 
 
-def controller_silence(timeout_s: float = PING_TIMEOUT_S) -> str | None:
-    """Why no Slurm controller answers (what `scontrol ping` said, its first line), or None when
-    one does."""
+def controller_silence() -> str | None:
+    """Why no Slurm controller answers (the last line `scontrol ping` said), or None when one does."""
     try:
-        proc = subprocess.run(["scontrol", "ping"], capture_output=True, text=True, timeout=timeout_s)
+        proc = subprocess.run(["scontrol", "ping"], capture_output=True, text=True, timeout=PING_TIMEOUT_S)
     except OSError as exc:
         return f"cannot run scontrol: {exc}"
     except subprocess.TimeoutExpired:
-        return f"no answer within {timeout_s:g} s"
+        return f"no answer within {PING_TIMEOUT_S:g} s"
     said = _said(proc)
     # scontrol ping exits 0 only when every controller is UP; one UP (the primary or a backup) will do.
     if proc.returncode == 0 or re.search(r"\bis UP\b", said):
