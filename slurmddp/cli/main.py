@@ -12,8 +12,8 @@ from importlib import metadata
 
 import argcomplete
 
-import slurmddp
 from slurmddp.cli import doctor_cmd, init_cmd, manage_cmd, scale_cmd, submit_cmd
+from slurmddp.defaults import VERSION
 from slurmddp.errors import EXIT_INTERRUPTED, SlurmddpError
 
 
@@ -34,7 +34,7 @@ def version() -> str:
     try:
         return metadata.version("slurmddp")
     except metadata.PackageNotFoundError:
-        return slurmddp.__version__
+        return VERSION
 
 
 def top_parser(commands: dict[str, argparse.ArgumentParser]) -> argparse.ArgumentParser:
@@ -47,7 +47,10 @@ def top_parser(commands: dict[str, argparse.ArgumentParser]) -> argparse.Argumen
     )
     top.add_argument("--version", action="version", version=f"slurmddp {version()}")
     chosen = top.add_subparsers(
-        metavar="COMMAND", dest="command", required=True, help="`slurmddp COMMAND --help` says more"
+        metavar="command",
+        dest="command",
+        required=True,
+        help="one of those below; `slurmddp COMMAND --help` shows its arguments",
     )
     for name, parser in commands.items():
         # parents= copies the command's own arguments (and its -h), so completion offers them.

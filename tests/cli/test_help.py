@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from slurmddp.cli.main import main
+from slurmddp.cli.main import main, version
+from slurmddp.defaults import VERSION
 
 COMMANDS = [
     "submit",
@@ -62,6 +63,14 @@ def test_version_is_the_installed_distributions(capsys: pytest.CaptureFixture[st
         main(["--version"])
     assert stopped.value.code == 0
     assert capsys.readouterr().out == f"slurmddp {metadata.version('slurmddp')}\n"
+
+
+def test_version_from_a_checkout_pip_never_installed_is_the_packages(monkeypatch: pytest.MonkeyPatch) -> None:
+    def not_installed(name: str) -> str:
+        raise metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(metadata, "version", not_installed)
+    assert version() == VERSION == "0.1.0"
 
 
 def complete(line: str, tmp_path: Path) -> list[str]:
