@@ -33,7 +33,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
+from slurmddp.defaults import VERSION
+
+__version__ = VERSION
 __all__ = ["ResumableDistributedSampler", "RunContext", "StopForRequeue"]
 
 if TYPE_CHECKING:

@@ -40,3 +40,7 @@ EXIT_FINISHED = 3
 """`attempts begin`'s status when the run already ended for good: the batch script exits without srun."""
 LOCAL_REQUEUE_STATUS = 144
 """submitit's local controller reruns every task when one exits with this status (submitit 1.5)."""
+
+VERSION = "0.1.0"
+"""slurmddp's release, written once: pyproject.toml reads it from here, the package exports it as
+`slurmddp.__version__`, and `--version` shows it where no installed distribution says otherwise."""

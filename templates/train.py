@@ -1,8 +1,8 @@
 """A starting point for a slurmddp training function: replace the data set and the model with yours.
 
-It follows examples/quickstart_train.py: a sharded loader, epochs, validation reduced over ranks,
-mixed precision and accumulation as the config's `precision:` and `ddp:` say, and a loop that
-checkpoints and resumes mid-epoch exactly.
+It does what the quickstart in slurmddp's examples does: a sharded loader, epochs, validation
+reduced over ranks, mixed precision and accumulation as the config's `precision:` and `ddp:` say,
+and a loop that checkpoints and resumes mid-epoch exactly.
 """
 
 from __future__ import annotations

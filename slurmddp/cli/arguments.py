@@ -21,7 +21,7 @@ def run_arg(parser: argparse.ArgumentParser, optional: bool = False) -> None:
         "run",
         metavar="RUN",
         nargs="?" if optional else None,
-        help="a run or sweep directory, or a job id"
+        help="a run or sweep directory, a folder of runs (its newest), or a job id"
         + (" (default: the newest submission)" if optional else ""),
     )
 

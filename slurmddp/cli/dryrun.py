@@ -6,7 +6,7 @@ from __future__ import annotations
 import shlex
 from typing import TextIO
 
-from slurmddp.cluster.generations import shown
+from slurmddp.cluster.generations import Version, shown
 from slurmddp.experiment.load import Loaded, SweepElement
 from slurmddp.experiment.sweep import describe
 from slurmddp.job import distenv
@@ -23,6 +23,17 @@ def rank_env(plan: SubmissionPlan, rank: int, job_id: int = PREVIEW_JOB_ID) -> d
     return env
 
 
+def _written_for(version: Version | None) -> str:
+    if version is not None:
+        return f"# slurmddp: written for Slurm {shown(version)} (sbatch --version)"
+    # What cluster.generations.exports_srun_cpus assumes of an unknown release.
+    return (
+        "# slurmddp: warning: the Slurm release could not be found (sbatch --version printed none); "
+        "written for any release from 22.05 on: the script exports SRUN_CPUS_PER_TASK, which 22.05 "
+        "and 23.02 need and later releases ignore"
+    )
+
+
 def show(loaded: Loaded, elements: list[SweepElement], plan: SubmissionPlan, out: TextIO) -> None:
     lines = [f"# slurmddp: {note}" for note in plan.notes]
     if plan.rank.function is None:
@@ -33,7 +44,7 @@ def show(loaded: Loaded, elements: list[SweepElement], plan: SubmissionPlan, out
         lines.append(f"# ---- sweep: {len(elements)} elements ({loaded.sweep.kind}) ----")
         lines += [f"# {element.dir_name}: {describe(element.overrides)}" for element in elements]
     if plan.executor == "slurm":
-        lines.append(f"# slurmddp: written for Slurm {shown(plan.slurm_version)} (sbatch --version)")
+        lines.append(_written_for(plan.slurm_version))
         lines += ["# ---- batch script (sbatch) ----", plan.batch_script()]
     else:
         lines += [f"# ---- local executor: {plan.world_size} processes, each running ----", command(plan)]

@@ -11,9 +11,8 @@ from pathlib import Path
 
 from slurmddp.cli.arguments import index_arg, positive_int, run_arg, wait_arg
 from slurmddp.errors import EXIT_JOB_FAILED, SlurmddpError
-from slurmddp.manage import actions, index, logs, report, runs, scaling_study
+from slurmddp.manage import actions, index, logs, ranking, report, runs, scaling_study
 from slurmddp.manage.follow import FINAL_OK, follow
-from slurmddp.manage.ranking import is_study, rank_and_write
 
 # The README defines these figures once ("Sweeps and managing runs"); the help only points there.
 ACCOUNTING_HELP = (
@@ -48,8 +47,22 @@ def parsers() -> dict[str, argparse.ArgumentParser]:
     run_arg(interrupt)
     index_arg(interrupt)
     kind = interrupt.add_mutually_exclusive_group(required=True)
-    kind.add_argument("--preempt", dest="reason", action="store_const", const="preemption")
-    kind.add_argument("--timeout", dest="reason", action="store_const", const="timeout")
+    kind.add_argument(
+        "--preempt",
+        dest="reason",
+        action="store_const",
+        const="preemption",
+        help="as Slurm preempting it: the ranks save a checkpoint and the job requeues itself "
+        "(counted against requeue.max_preemptions)",
+    )
+    kind.add_argument(
+        "--timeout",
+        dest="reason",
+        action="store_const",
+        const="timeout",
+        help="as its time limit drawing near: the ranks save a checkpoint and the job requeues itself "
+        "(counted against requeue.max_timeouts)",
+    )
     interrupt.set_defaults(func=_interrupt)
     cancel = argparse.ArgumentParser(
         prog="slurmddp cancel", description="Cancel a run, a whole sweep, or one element of it."
@@ -77,13 +90,17 @@ def parsers() -> dict[str, argparse.ArgumentParser]:
     listing.set_defaults(func=_list)
     results = argparse.ArgumentParser(
         prog="slurmddp results",
-        description="A sweep's elements ranked by a metric; writes CSV.",
+        description="A sweep's elements ranked by a metric; writes CSV (unless --json).",
         epilog=ACCOUNTING_HELP,
     )
     run_arg(results)
     results.add_argument("--metric", help="the metric to rank by (default: the sweep's sweep.metric)")
     results.add_argument("--mode", choices=("min", "max"), help="best is min or max (default: sweep.mode)")
-    results.add_argument("--csv", type=Path, help="where to write the CSV (default: SWEEP_DIR/results.csv)")
+    results.add_argument(
+        "--csv",
+        type=Path,
+        help="where to write the CSV (default: SWEEP_DIR/results.csv; with --json, none unless named)",
+    )
     results.add_argument("--plot", type=Path, help="also write a PNG of the metric over steps per element")
     results.add_argument("--json", action="store_true", help="print JSON instead of a table")
     results.set_defaults(func=_results)
@@ -174,13 +191,16 @@ def _list(args: argparse.Namespace) -> int:
 
 def _results(args: argparse.Namespace) -> int:
     target = runs.resolve(args.run)
-    if is_study(target):
+    if ranking.is_study(target):
         scaling_study.report(target, sys.stdout)
         return 0
-    ranking = rank_and_write(target, args.metric, args.mode, args.csv, args.plot)
+    found = ranking.rank(target, args.metric, args.mode)
+    # --json is for a program reading stdout: it writes a file only where one is named.
+    csv = args.csv or (None if args.json else ranking.default_csv(target))
+    ranking.write(found, csv, args.plot, csv_named=args.csv is not None)
     if args.json:
-        print(json.dumps([dataclasses.asdict(row) for row in ranking.ranked], indent=2))
+        print(json.dumps([dataclasses.asdict(row) for row in found.ranked], indent=2))
     else:
-        print(report.results_table(ranking.ranked, ranking.keys, ranking.metrics))
-        print(f"slurmddp: wrote {ranking.csv_path}" + (f" and {args.plot}" if args.plot else ""))
+        print(report.results_table(found.ranked, found.keys, found.metrics))
+        print(f"slurmddp: wrote {csv}" + (f" and {args.plot}" if args.plot else ""))
     return 0

@@ -17,7 +17,7 @@ def parsers() -> dict[str, argparse.ArgumentParser]:
         description="Measure how an experiment scales: run it at several sizes and a 1-rank baseline.",
         epilog="Prints nodes, ranks, throughput, speedup and efficiency over the 1-rank baseline, step "
         "time, the share of the step in exposed communication and in waiting for data, and a "
-        "barrier's latency; flags efficiency under 90%% or exposed communication over 10%% with the "
+        "barrier's latency; flags efficiency under 90% or exposed communication over 10% with the "
         "causes the telemetry shows. Writes STUDY_DIR/study.csv and study.png. Each size runs after "
         "the one before, so none shares the machines with another.",
     )

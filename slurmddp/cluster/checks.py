@@ -192,8 +192,16 @@ def examine(
     try:
         config = parse_config(show_config())
     except SlurmCommandError as exc:
+        # scontrol's last line is its verdict (the lines before it, the lookups that led there).
+        said = str(exc).strip().splitlines()[-1]
         checks.append(
-            Check("scontrol show config", FAIL, str(exc), "cannot reach slurmctld: check SLURM_CONF")
+            Check(
+                "scontrol show config",
+                FAIL,
+                said,
+                "cannot reach slurmctld: check SLURM_CONF; to train on this machine meanwhile, "
+                "submit with executor=local",
+            )
         )
         return Examination(checks, None, None)
     return Examination(checks + check_config(config), config, version())

@@ -83,6 +83,27 @@ def available(tool: str = "sbatch") -> bool:
     return shutil.which(tool) is not None
 
 
+PING_TIMEOUT_S: float = 5
+"""How long `scontrol ping` may take: a controller that answers does in milliseconds, while an
+unreachable one keeps scontrol retrying for MessageTimeout (10 s by default) or longer."""
+
+
+def controller_silence() -> str | None:
+    """Why no Slurm controller answers (the last line `scontrol ping` said), or None when one does."""
+    try:
+        proc = subprocess.run(["scontrol", "ping"], capture_output=True, text=True, timeout=PING_TIMEOUT_S)
+    except OSError as exc:
+        return f"cannot run scontrol: {exc}"
+    except subprocess.TimeoutExpired:
+        return f"no answer within {PING_TIMEOUT_S:g} s"
+    said = _said(proc)
+    # scontrol ping exits 0 only when every controller is UP; one UP (the primary or a backup) will do.
+    if proc.returncode == 0 or re.search(r"\bis UP\b", said):
+        return None
+    lines = said.splitlines()
+    return (lines[-1] if lines else "") or f"exit status {proc.returncode}"
+
+
 # ---- sbatch ----
 
 
@@ -175,6 +196,42 @@ def partition_nodes(partition: str | None) -> int | None:
     line = next((li for li in lines if partition or re.search(r"\bDefault=YES\b", li)), "")
     match = re.search(r"\bTotalNodes=(\d+)", line)
     return int(match.group(1)) if match else None
+
+
+@dataclass(frozen=True)
+class Partition:
+    """One line of sinfo's summary of a partition (a partition whose nodes differ has several)."""
+
+    name: str
+    default: bool
+    gpus_per_node: int
+    cpus_per_node: int
+
+
+def parse_partitions(text: str) -> list[Partition]:
+    """`sinfo -h -o "%P|%G|%c"` -> partitions; sinfo marks the default one with a `*`."""
+    found = []
+    for line in text.splitlines():
+        name, gres, cpus = [*line.strip().split("|"), "", ""][:3]
+        if name:
+            found.append(Partition(name.rstrip("*"), name.endswith("*"), gres_gpus(gres), _count(cpus)))
+    return found
+
+
+def gres_gpus(gres: str) -> int:
+    """The GPUs per node in a Gres string: `gpu:8`, `gpu:a100:4(S:0-1),shard:8` -> 8, 4; 0 without."""
+    for item in re.split(r",(?![^(]*\))", gres):
+        kind, _, rest = item.partition(":")
+        if kind == "gpu":
+            count = rest.split("(")[0].rsplit(":", 1)[-1]
+            return int(count) if count.isdigit() else 0
+    return 0
+
+
+def partitions() -> list[Partition]:
+    """The cluster's partitions as sinfo lists them; [] when sinfo cannot say."""
+    proc = run(["sinfo", "-h", "-o", "%P|%G|%c"])
+    return parse_partitions(proc.stdout) if proc.returncode == 0 else []
 
 
 # ---- node failures ----

@@ -23,6 +23,9 @@ from slurmddp.job import signals, trust
 def main(argv: list[str]) -> None:
     stop_signals = tuple(os.environ.get(STOP_SIGNALS_ENV, f"{STOP_SIGNAL},{ALWAYS_STOP_ON}").split(","))
     signals.install(stop_signals)
+    # submitit sets its logger's level from this when it is first imported (by the runner below);
+    # at INFO it writes four lines of its own into every rank's log. A user's own setting stands.
+    os.environ.setdefault("SUBMITIT_LOG_LEVEL", "WARNING")
     if argv[:1] == ["-u"]:
         argv = argv[1:]  # already in effect: the interpreter was started with -u
     if argv[:1] != ["-m"] or len(argv) < 2:

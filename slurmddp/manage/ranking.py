@@ -1,4 +1,4 @@
-"""`results`: a sweep's elements ranked by a metric, written as CSV (and a plot if asked)."""
+"""`results`: a sweep's elements ranked by a metric, written as CSV and a plot where asked."""
 
 from __future__ import annotations
 
@@ -19,8 +19,6 @@ class Ranking:
     """The sweep's override keys, one column each."""
     metrics: list[str]
     """The metric ranked by, then every other metric logged."""
-    csv_path: Path
-    """Where the CSV was written."""
 
 
 def is_study(target: runs.Target) -> bool:
@@ -28,12 +26,9 @@ def is_study(target: runs.Target) -> bool:
     return "study" in target.manifest
 
 
-def rank_and_write(
-    target: runs.Target, metric: str | None, mode: str | None, csv: Path | None, plot: Path | None
-) -> Ranking:
+def rank(target: runs.Target, metric: str | None, mode: str | None) -> Ranking:
     """Rank `target`'s elements by `metric` (default: the sweep's, else the first logged), best by
-    `mode` (default: the sweep's, else min); write the CSV to `csv` (default: SWEEP_DIR/results.csv)
-    and, if given, the plot to `plot`."""
+    `mode` (default: the sweep's, else min)."""
     rows = runs.rows(target)
     names = report.metric_names(rows)
     metric = metric or target.manifest.get("metric") or (names[0] if names else None)
@@ -41,18 +36,27 @@ def rank_and_write(
         raise SlurmddpError(f"{target.dir}: no metric was logged yet (ctx.log in the training function)")
     ranked = report.ranked(rows, metric, mode or target.manifest.get("mode") or "min")
     keys = list(target.manifest.get("keys") or [])
-    metrics = [metric, *(m for m in names if m != metric)]
-    csv_path = csv or target.dir / RESULTS_CSV
-    writing = f"--csv {csv_path}" if csv else str(csv_path)
+    return Ranking(ranked, keys, [metric, *(m for m in names if m != metric)])
+
+
+def default_csv(target: runs.Target) -> Path:
+    return target.dir / RESULTS_CSV
+
+
+def write(ranking: Ranking, csv: Path | None, plot: Path | None, csv_named: bool) -> None:
+    """Write the CSV to `csv` and the plot to `plot`, each where given; `csv_named`: the user gave
+    the CSV's path (--csv), which an error then names."""
+    writing = ""
     try:
-        write_atomic(csv_path, report.results_csv(ranked, keys, metrics))
+        if csv:
+            writing = f"--csv {csv}" if csv_named else str(csv)
+            write_atomic(csv, report.results_csv(ranking.ranked, ranking.keys, ranking.metrics))
         if plot:
             writing = f"--plot {plot}"
-            report.plot(ranked, metric, plot)
+            report.plot(ranking.ranked, ranking.metrics[0], plot)
     except OSError as exc:
         where = f"{exc.filename}: " if exc.filename else ""
         raise SlurmddpError(
             f"{writing}: cannot write it ({where}{exc.strerror or exc}); "
             "name a file in a directory you can write"
         ) from None
-    return Ranking(ranked, keys, metrics, csv_path)

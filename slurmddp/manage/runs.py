@@ -109,7 +109,8 @@ class Target:
 
 
 def resolve(ref: str | None) -> Target:
-    """A run or sweep from its directory, an element's directory, a job id, or (None) the newest."""
+    """A run or sweep from its directory, an element's directory, a folder of runs (its newest), a
+    job id, or (None) the newest."""
     if ref is None:
         latest = index.recent(1)
         if not latest:
@@ -117,7 +118,22 @@ def resolve(ref: str | None) -> Target:
         return load(Path(latest[0]["dir"]))
     path = Path(ref)
     if path.is_dir():
-        return load(path)
+        if any(record.is_file() for record in (path / MANIFEST, path / SWEEP, path.parent / SWEEP)):
+            return load(path)
+        # A folder of runs (output_dir, or OUTPUT_DIR/NAME): its newest submission, as with no ref.
+        found = [
+            record
+            for depth in ("*", "*/*")
+            for name in (MANIFEST, SWEEP)
+            for record in path.glob(f"{depth}/{name}")
+            if not (record.parent.parent / SWEEP).is_file()  # a sweep's element: the sweep counts
+        ]
+        if not found:
+            raise SlurmddpError(
+                f"{path} holds no slurmddp run: no {MANIFEST} or {SWEEP} in it or in the two levels of "
+                "folders below it; name a run directory"
+            )
+        return load(max(found, key=lambda record: record.stat().st_mtime).parent)
     if ref.split("_")[0].isdigit():
         for record in reversed(index.records()):
             if record["job_id"] == ref.split("_")[0] and Path(record["dir"]).is_dir():

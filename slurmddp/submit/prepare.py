@@ -7,6 +7,7 @@ from __future__ import annotations
 import shlex
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from slurmddp.cluster import slurm
@@ -17,16 +18,37 @@ from slurmddp.layout import new_run_dir
 from slurmddp.submit.plan import SubmissionPlan, build
 
 
-def resolve_executor(requested: Executor) -> RunExecutor:
-    """`auto` means Slurm where sbatch is on PATH, else the local executor."""
+@dataclass(frozen=True)
+class ExecutorChoice:
+    executor: RunExecutor
+    why: str | None = None
+    """Said to the user where `auto` did not take Slurm although sbatch is there."""
+
+
+def choose_executor(requested: Executor) -> ExecutorChoice:
+    """`auto` means Slurm where sbatch is on PATH and a controller answers, else the local executor."""
     has_sbatch = slurm.available("sbatch")
-    if requested == "auto":
-        return "slurm" if has_sbatch else "local"
     if requested == "slurm" and not has_sbatch:
         raise SubmitError(
             "executor is slurm but there is no sbatch on PATH; run on a login node or use executor=local"
         )
-    return requested
+    if requested != "auto":
+        return ExecutorChoice(requested)
+    if not has_sbatch:
+        return ExecutorChoice("local")
+    silence = slurm.controller_silence()
+    if silence is None:
+        return ExecutorChoice("slurm")
+    return ExecutorChoice(
+        "local",
+        f"sbatch is on PATH but no Slurm controller answers (scontrol ping: {silence}); running "
+        "locally. Set executor=slurm to insist.",
+    )
+
+
+def resolve_executor(requested: Executor) -> RunExecutor:
+    """The executor alone, for callers that plan several runs and say nothing of the choice."""
+    return choose_executor(requested).executor
 
 
 def interpreter() -> str:
@@ -53,12 +75,13 @@ def plan_for(
     parallelism recorded there.
     """
     exp = loaded.experiment
-    chosen = executor or resolve_executor(exp.executor)
+    choice = ExecutorChoice(executor) if executor else choose_executor(exp.executor)
+    chosen = choice.executor
     where = run_dir or new_run_dir(exp.output_dir, exp.name)
     array = tuple((e.loaded, where / e.dir_name) for e in elements) if chosen == "slurm" else ()
     if max_parallel is None and loaded.sweep is not None:
         max_parallel = loaded.sweep.max_parallel
-    return build(
+    plan = build(
         loaded,
         executor=chosen,
         workdir=workdir or Path.cwd(),
@@ -69,3 +92,4 @@ def plan_for(
         max_parallel=max_parallel,
         slurm_version=slurm.version() if chosen == "slurm" else None,
     )
+    return plan if choice.why is None else replace(plan, notes=(choice.why, *plan.notes))
