@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from slurmddp.job.records import CodeSite, Failure
+from slurmddp.job.records import AttemptId, CodeSite, Failure
 from slurmddp.manage import logs, runs
 
 
@@ -17,8 +17,7 @@ from slurmddp.manage import logs, runs
 class Reason:
     """Why one attempt failed."""
 
-    job_id: str
-    restart_count: int
+    attempt: AttemptId
     rank: int
     type: str | None
     """The exception's type name; None where no Python exception ended the rank (a script's exit
@@ -46,7 +45,8 @@ class Reason:
 
     def one_line(self, workdir: Path | None) -> str:
         """The reason as `status` shows it under the run's row."""
-        attempt = f"job {self.job_id}" + (f" restart {self.restart_count}" if self.restart_count else "")
+        job, restart = self.attempt.job_id, self.attempt.restart_count
+        attempt = f"job {job}" + (f" restart {restart}" if restart else "")
         site = self.site(workdir)
         at = f" at {site}" if site else ""
         log = f"; log {self.log}" if self.log else ""
@@ -54,8 +54,7 @@ class Reason:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "job_id": self.job_id,
-            "restart_count": self.restart_count,
+            **self.attempt.to_json(),
             "rank": self.rank,
             "type": self.type,
             "message": self.message,
@@ -80,8 +79,7 @@ def _reason(element: runs.Run, failure: Failure) -> Reason:
     if job is not None:
         log = logs.log_path(dataclasses.replace(element, job_ids=(job,)), failure.rank, "err")
     return Reason(
-        failure.attempt.job_id,
-        failure.attempt.restart_count,
+        failure.attempt,
         failure.rank,
         failure.exception,
         message,
