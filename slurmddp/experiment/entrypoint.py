@@ -78,11 +78,12 @@ def check_module(module: str, workdir: Path, exp_dir: Path) -> str:
 
 def _find_file(key: str, name: str, workdir: Path, exp_dir: Path) -> Path:
     """A relative path is taken from the submit directory, else from the experiment file's."""
-    for base in (workdir, exp_dir):
+    bases = list(dict.fromkeys((workdir.resolve(), exp_dir.resolve())))  # submitted from EXP_DIR: one
+    for base in bases:
         candidate = (base / name).resolve()
         if candidate.is_file():
             return candidate
-    raise ConfigError(f"{key}: no file {name!r} (looked in {workdir} and {exp_dir.resolve()})")
+    raise ConfigError(f"{key}: no file {name!r} (looked in {' and '.join(map(str, bases))})")
 
 
 def _locate(module: str, search_path: list[str]) -> Path:
