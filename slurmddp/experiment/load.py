@@ -143,9 +143,11 @@ def expand(loaded: Loaded) -> list[SweepElement]:
                 experiment = dataclasses.replace(loaded.experiment, train=train)
                 resolved = {**loaded.resolved, "train": train}
             else:
-                experiment, resolved = _finish(base, Path(where))
+                experiment, resolved = _validated(base)
         except OmegaConfBaseException as exc:
             raise ConfigError(f"{where}: {_describe(exc)}") from None
+        except ConfigError as exc:  # the schema's checks, train.global_batch's among them
+            raise ConfigError(f"{where}: {exc}") from None
         finally:
             for key, previous in reversed(undo):
                 _restore(base, key, previous)
@@ -178,13 +180,6 @@ def _restore(base: DictConfig, key: str, previous: Any) -> None:
             del parent[leaf]
     else:
         OmegaConf.update(base, key, previous, merge=False)
-
-
-def _finish(merged: DictConfig, source: Path) -> tuple[Experiment, dict[str, Any]]:
-    try:
-        return _validated(merged)
-    except ConfigError as exc:
-        raise ConfigError(f"{source}: {exc}") from None
 
 
 def _finish_layers(layers: list[tuple[DictConfig, str, str | None]]) -> tuple[Experiment, dict[str, Any]]:
