@@ -83,13 +83,16 @@ def load_experiment(path: str | Path, overrides: list[str] | tuple[str, ...] = (
     # Each layer's merged config, with where it came from: a value that fails the schema's checks
     # is blamed on the first layer after which the same check fails.
     layers: list[tuple[DictConfig, str, str | None]] = []
-    profile = exp_layer.get("profile")
+    profile, profile_from = exp_layer.get("profile"), str(source)
     override_layers = [(_parse_override(text, exp_layer), text) for text in plain]
-    for layer, _ in override_layers:
-        profile = layer.get("profile", profile)
+    for layer, text in override_layers:
+        if "profile" in layer:
+            profile, profile_from = layer["profile"], f"override {text!r}"
     if profile is not None:
         if isinstance(profile, (dict, list, bool)):
-            raise ConfigError(f"profile: {profile!r} is neither a profile name nor a path to a YAML file")
+            raise ConfigError(
+                f"{profile_from}: profile: {profile!r} is neither a profile name nor a path to a YAML file"
+            )
         profile_path = find_profile(str(profile), source.parent)
         merged = _merge(merged, _read_yaml(profile_path), str(profile_path))
         layers.append((merged, str(profile_path), None))
