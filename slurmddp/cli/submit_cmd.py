@@ -10,7 +10,7 @@ from slurmddp.cli.arguments import experiment_args, wait_arg
 from slurmddp.errors import EXIT_JOB_FAILED
 from slurmddp.experiment.load import Loaded, SweepElement, expand, load_experiment
 from slurmddp.layout import RESULT
-from slurmddp.manage import index, sweep_runs
+from slurmddp.manage import explain, index, sweep_runs
 from slurmddp.manage.follow import FINAL_OK, follow
 from slurmddp.manage.signal_lead import short_lead_warning
 from slurmddp.submit import submitter
@@ -60,6 +60,9 @@ def _submit(args: argparse.Namespace) -> int:
     result = plan.run_dir / RESULT
     if final == FINAL_OK and result.is_file():
         print(f"  result:  {result}")
+    if final != FINAL_OK:
+        for line in explain.summary(plan.run_dir):
+            print(line)
     return 0 if final == FINAL_OK else EXIT_JOB_FAILED
 
 

@@ -29,18 +29,25 @@ def check_function(target: str, workdir: Path, exp_dir: Path) -> str:
     else:
         source = _locate(module, [str(workdir), *sys.path[1:]])
         normalized = target
-    names = _top_level_names(source)
+    tree = _parse(source)
+    names = _top_level_names(tree)
     if name not in names:
         near = difflib.get_close_matches(name, sorted(names), n=1)
         hint = f"; did you mean {near[0]!r}?" if near else ""
         raise ConfigError(f"entrypoint.function: {source} defines no top-level {name!r}{hint}")
+    function = _function(tree, name)
+    if function is not None and not _takes_one_argument(function):
+        raise ConfigError(
+            f"entrypoint.function: {name}() at {source}:{function.lineno} cannot be called with one "
+            f"argument, the RunContext each rank hands it; define it as `def {name}(ctx):`"
+        )
     return normalized
 
 
 def check_script(script: str, workdir: Path, exp_dir: Path) -> str:
     """Validate a torchrun-style script; return its absolute path."""
     source = _find_file("entrypoint.script", script, workdir, exp_dir)
-    _parse(source)
+    _refuse_a_function_never_run("entrypoint.script", _parse(source), source, script)
     return str(source)
 
 
@@ -70,19 +77,21 @@ def check_module(module: str, workdir: Path, exp_dir: Path) -> str:
     if not spec.origin or not spec.origin.endswith(".py"):
         raise ConfigError(f"entrypoint.module: module {module!r} has no Python source file to read")
     try:
-        _parse(Path(spec.origin))
+        tree = _parse(Path(spec.origin))
     except ConfigError as exc:
         raise ConfigError(f"entrypoint.module: {exc}") from None
+    _refuse_a_function_never_run("entrypoint.module", tree, Path(spec.origin), module)
     return module
 
 
 def _find_file(key: str, name: str, workdir: Path, exp_dir: Path) -> Path:
     """A relative path is taken from the submit directory, else from the experiment file's."""
-    for base in (workdir, exp_dir):
+    bases = list(dict.fromkeys((workdir.resolve(), exp_dir.resolve())))  # submitted from EXP_DIR: one
+    for base in bases:
         candidate = (base / name).resolve()
         if candidate.is_file():
             return candidate
-    raise ConfigError(f"{key}: no file {name!r} (looked in {workdir} and {exp_dir.resolve()})")
+    raise ConfigError(f"{key}: no file {name!r} (looked in {' and '.join(map(str, bases))})")
 
 
 def _locate(module: str, search_path: list[str]) -> Path:
@@ -160,9 +169,9 @@ def _parse(source: Path) -> ast.Module:
         raise ConfigError(f"{source}: cannot read it: {exc}") from None
 
 
-def _top_level_names(source: Path) -> set[str]:
+def _top_level_names(tree: ast.Module) -> set[str]:
     names: set[str] = set()
-    for node in _parse(source).body:
+    for node in tree.body:
         if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
             names.add(node.name)
         elif isinstance(node, ast.Assign):
@@ -170,3 +179,65 @@ def _top_level_names(source: Path) -> set[str]:
         elif isinstance(node, ast.ImportFrom | ast.Import):
             names.update((alias.asname or alias.name).split(".")[0] for alias in node.names)
     return names
+
+
+CONTEXT_NAMES = frozenset({"ctx", "context", "run_context"})
+"""What a training function names the RunContext it takes; a script defining one expects a call."""
+
+
+def _function(tree: ast.Module, name: str) -> ast.FunctionDef | ast.AsyncFunctionDef | None:
+    """The top-level function `name` as written; None where something else binds the name, or a
+    decorator may change how it is called."""
+    found = None
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name == name:
+            found = node  # the last definition wins, as at import
+    return found if found is not None and not found.decorator_list else None
+
+
+def _takes_one_argument(function: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
+    arguments = function.args
+    positional = [*arguments.posonlyargs, *arguments.args]
+    required = len(positional) - len(arguments.defaults)
+    keyword_only_required = any(default is None for default in arguments.kw_defaults)
+    can_take_one = bool(positional) or arguments.vararg is not None
+    return can_take_one and required <= 1 and not keyword_only_required
+
+
+def _refuse_a_function_never_run(key: str, tree: ast.Module, source: Path, target: str) -> None:
+    """A script that only defines `main(ctx)` (the function entrypoint's `:main` forgotten) would
+    run, define it, and end at once: a COMPLETED job that trained nothing."""
+    if any(_is_main_guard(node) for node in tree.body):
+        return
+    called = {
+        node.func.id
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+    }
+    for node in tree.body:
+        if (
+            isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+            and node.name not in called
+            and _takes_a_context(node)
+        ):
+            raise ConfigError(
+                f"{key}: {source} defines {node.name}({node.args.args[0].arg}) and has no "
+                f'`if __name__ == "__main__":` block, so run as a script it would train nothing; '
+                f"did you mean entrypoint: {target}:{node.name}?"
+            )
+
+
+def _is_main_guard(node: ast.stmt) -> bool:
+    if not isinstance(node, ast.If) or not isinstance(node.test, ast.Compare):
+        return False
+    sides = [node.test.left, *node.test.comparators]
+    return any(isinstance(side, ast.Name) and side.id == "__name__" for side in sides)
+
+
+def _takes_a_context(function: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
+    arguments = function.args
+    only = arguments.args[0] if len(arguments.args) == 1 and not arguments.posonlyargs else None
+    if only is None:
+        return False
+    annotation = ast.unparse(only.annotation) if only.annotation is not None else ""
+    return only.arg in CONTEXT_NAMES or annotation.endswith("RunContext")

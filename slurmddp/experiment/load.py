@@ -67,6 +67,10 @@ def load_experiment(path: str | Path, overrides: list[str] | tuple[str, ...] = (
     `sweep.KEY=VALUE` change it and `sweep=null` drops it.
     """
     source = Path(path)
+    if source.is_dir():
+        inside = sorted(p.name for p in source.glob("*.y*ml"))
+        hint = f" (it holds {', '.join(inside)})" if inside else ""
+        raise ConfigError(f"{source}: is a directory; name the experiment's YAML file in it{hint}")
     if not source.is_file():
         raise ConfigError(f"{source}: no such experiment file")
     exp_layer = _read_yaml(source)
@@ -76,21 +80,30 @@ def load_experiment(path: str | Path, overrides: list[str] | tuple[str, ...] = (
         if text not in plain:
             sweep_section = _override_sweep(sweep_section, text, source)
     merged = OmegaConf.structured(Experiment)
-    profile = exp_layer.get("profile")
+    # Each layer's merged config, with where it came from: a value that fails the schema's checks
+    # is blamed on the first layer after which the same check fails.
+    layers: list[tuple[DictConfig, str, str | None]] = []
+    profile, profile_from = exp_layer.get("profile"), str(source)
     override_layers = [(_parse_override(text, exp_layer), text) for text in plain]
-    for layer, _ in override_layers:
-        profile = layer.get("profile", profile)
+    for layer, text in override_layers:
+        if "profile" in layer:
+            profile, profile_from = layer["profile"], f"override {text!r}"
     if profile is not None:
         if isinstance(profile, (dict, list, bool)):
-            raise ConfigError(f"profile: {profile!r} is neither a profile name nor a path to a YAML file")
+            raise ConfigError(
+                f"{profile_from}: profile: {profile!r} is neither a profile name nor a path to a YAML file"
+            )
         profile_path = find_profile(str(profile), source.parent)
         merged = _merge(merged, _read_yaml(profile_path), str(profile_path))
+        layers.append((merged, str(profile_path), None))
     if "name" not in exp_layer:
         exp_layer["name"] = source.stem
     merged = _merge(merged, exp_layer, str(source))
+    layers.append((merged, str(source), None))
     for layer, text in override_layers:
         merged = _merge(merged, layer, f"override {text!r}")
-    experiment, resolved = _finish(merged, source)
+        layers.append((merged, f"override {text!r}", text.partition("=")[0]))
+    experiment, resolved = _finish_layers(layers)
     spec = None
     if sweep_section is not None:
         train = resolved.get("train") or {}
@@ -133,9 +146,11 @@ def expand(loaded: Loaded) -> list[SweepElement]:
                 experiment = dataclasses.replace(loaded.experiment, train=train)
                 resolved = {**loaded.resolved, "train": train}
             else:
-                experiment, resolved = _finish(base, Path(where))
+                experiment, resolved = _validated(base)
         except OmegaConfBaseException as exc:
             raise ConfigError(f"{where}: {_describe(exc)}") from None
+        except ConfigError as exc:  # the schema's checks, train.global_batch's among them
+            raise ConfigError(f"{where}: {exc}") from None
         finally:
             for key, previous in reversed(undo):
                 _restore(base, key, previous)
@@ -170,14 +185,35 @@ def _restore(base: DictConfig, key: str, previous: Any) -> None:
         OmegaConf.update(base, key, previous, merge=False)
 
 
-def _finish(merged: DictConfig, source: Path) -> tuple[Experiment, dict[str, Any]]:
+def _finish_layers(layers: list[tuple[DictConfig, str, str | None]]) -> tuple[Experiment, dict[str, Any]]:
+    """The last layer's experiment; an error is said as coming from the first layer (the profile,
+    the experiment file, an override) after which the same check fails: an override's bad value
+    is the override's, not the file's. Each layer comes with the key an override sets."""
+    final, _, _ = layers[-1]
+    try:
+        return _validated(final)
+    except ConfigError as exc:
+        problem = str(exc)
+    where, key = next((where, key) for state, where, key in layers if _problem(state) == problem)
+    # `override 'resources.nodes=-1': resources.nodes: ...` would name the key twice.
+    said = problem.removeprefix(f"{key}: ") if key else problem
+    raise ConfigError(f"{where}: {said}")
+
+
+def _problem(merged: DictConfig) -> str | None:
+    try:
+        _validated(merged)
+    except ConfigError as exc:
+        return str(exc)
+    return None
+
+
+def _validated(merged: DictConfig) -> tuple[Experiment, dict[str, Any]]:
     try:
         experiment = OmegaConf.to_object(merged)
         resolved = OmegaConf.to_container(merged, resolve=True, throw_on_missing=True)
     except OmegaConfBaseException as exc:
-        raise ConfigError(f"{source}: {_describe(exc)}") from None
-    except ConfigError as exc:
-        raise ConfigError(f"{source}: {exc}") from None
+        raise ConfigError(_describe(exc)) from None
     assert isinstance(experiment, Experiment) and isinstance(resolved, dict)
     return experiment, {str(k): v for k, v in resolved.items()}
 
@@ -217,14 +253,16 @@ def _leaf_keys(layer: dict[str, Any], prefix: str = "") -> list[str]:
 def find_profile(name: str, exp_dir: Path) -> Path:
     """A profile is a YAML path, or a name looked up in $SLURMDDP_PROFILE_PATH, EXP_DIR/configs,
     EXP_DIR/../configs and ./configs, in that order."""
+    exp_dir = exp_dir.resolve()
     if name.endswith((".yaml", ".yml")):
-        for candidate in (Path(name).expanduser(), exp_dir / name):
+        candidates = list(dict.fromkeys((Path(name).expanduser().resolve(), exp_dir / name)))
+        for candidate in candidates:
             if candidate.is_file():
                 return candidate
-        raise ConfigError(f"profile: no such file {name!r} (looked in . and {exp_dir})")
-    dirs = [Path(p) for p in os.environ.get(PROFILE_PATH_ENV, "").split(os.pathsep) if p]
-    dirs += [exp_dir / "configs", exp_dir.parent / "configs", Path("configs")]
-    dirs = list(dict.fromkeys(dirs))  # EXP_DIR "." makes the last three one
+        raise ConfigError(f"profile: no such file {name!r} (looked for {' and '.join(map(str, candidates))})")
+    dirs = [Path(p).resolve() for p in os.environ.get(PROFILE_PATH_ENV, "").split(os.pathsep) if p]
+    dirs += [exp_dir / "configs", exp_dir.parent / "configs", Path("configs").resolve()]
+    dirs = list(dict.fromkeys(dirs))  # run from EXP_DIR, the last is the first again
     for folder in dirs:
         for suffix in (".yaml", ".yml"):
             candidate = folder / f"{name}{suffix}"
@@ -234,7 +272,11 @@ def find_profile(name: str, exp_dir: Path) -> Path:
     near = difflib.get_close_matches(name, known, n=1)
     hint = f"; did you mean {near[0]!r}?" if near else (f"; known: {', '.join(known)}" if known else "")
     searched = ", ".join(str(d) for d in dirs)
-    raise ConfigError(f"profile: no profile named {name!r} in {searched}{hint}")
+    raise ConfigError(
+        f"profile: no profile named {name!r} (looked for {name}.yaml in {searched}){hint}; put it in "
+        f"one of them, name a YAML file (profile: path/to/{name}.yaml), or add its folder to "
+        f"${PROFILE_PATH_ENV}"
+    )
 
 
 def _read_yaml(path: Path) -> dict[str, Any]:
@@ -246,6 +288,8 @@ def _read_yaml(path: Path) -> dict[str, Any]:
         raise ConfigError(f"{where}: malformed YAML: {exc.problem}") from None
     except (yaml.YAMLError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{path}: malformed YAML: {exc}") from None
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read it ({exc.strerror or exc}); check its permissions") from None
     if loaded is None:
         return {}
     if not isinstance(loaded, dict):

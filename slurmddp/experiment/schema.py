@@ -56,6 +56,25 @@ def not_one_of(key: str, value: Any, choices: tuple[str, ...]) -> str:
     return f"{key}: {value!r} is not one of {', '.join(choices)}{hint}"
 
 
+GLOBAL_BATCH = "global_batch"
+"""The `train:` key that names the samples of one step over all ranks (what `ctx.loader` splits)."""
+
+
+def _global_batch_splits(batch: Any, resources: Resources) -> None:
+    """ctx.loader gives each rank global_batch // world size samples and refuses a remainder: say
+    so before the job waits in the queue, not after."""
+    world = resources.world_size
+    if not isinstance(batch, int) or isinstance(batch, bool) or batch < 1 or batch % world == 0:
+        return
+    lower, higher = batch // world * world, (batch // world + 1) * world
+    near = f"{lower} or {higher}" if lower else str(higher)
+    raise ConfigError(
+        f"train.{GLOBAL_BATCH}: {batch} samples cannot be split evenly over {world} ranks "
+        f"(resources.nodes={resources.nodes} x {resources.ranks_per_node} per node); use a multiple "
+        f"of {world}, such as {near}, or change the number of ranks"
+    )
+
+
 @dataclass(kw_only=True)
 class Entrypoint:
     """What each rank runs: exactly one of `function`, `script` or `module`."""
@@ -394,7 +413,8 @@ class Experiment:
     telemetry: Telemetry = field(default_factory=Telemetry)
     trackers: Trackers = field(default_factory=Trackers)
     train: dict[str, Any] = field(default_factory=dict)
-    """Free-form settings for the training code (ctx.config.train)."""
+    """Free-form settings for the training code (ctx.config.train). `train.global_batch`, the
+    number that goes to `ctx.loader(global_batch=...)`, must split evenly over the ranks."""
 
     def __post_init__(self) -> None:
         if not _NAME.match(self.name):
@@ -416,3 +436,4 @@ class Experiment:
             )
         if self.resources.gpus_per_node == 0 and self.dist.backend == "nccl":
             raise ConfigError("dist.backend: nccl needs GPUs; set resources.gpus_per_node or use gloo")
+        _global_batch_splits(self.train.get(GLOBAL_BATCH), self.resources)

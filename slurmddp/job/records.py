@@ -156,12 +156,30 @@ class Stop:
 
 
 @dataclass(frozen=True)
+class CodeSite:
+    """A line of the user's code: where an exception came from."""
+
+    file: str
+    line: int
+    function: str
+
+    @classmethod
+    def from_json(cls, data: Any) -> CodeSite | None:
+        if not isinstance(data, dict) or not isinstance(data.get("line"), int):
+            return None
+        return cls(str(data.get("file", "")), data["line"], str(data.get("function", "")))
+
+
+@dataclass(frozen=True)
 class Failure:
-    """failure.json: why the attempt failed, for the failure budget and the hosts to leave out."""
+    """failure.json: why the attempt failed, for the failure budget and the hosts to leave out.
+    Each attempt's failure replaces the one before, which it keeps under `earlier`, so `status`
+    can say why every attempt failed."""
 
     step: int | None
     rank: int
     error: str
+    """repr() of the exception (or what else failed): what the requeue policy reads."""
     attempt: AttemptId
     time: float
     bad_hosts: dict[str, str] | None = None
@@ -171,6 +189,12 @@ class Failure:
     cause: str | None = None
     """The watchdog's diagnosis of a hang."""
     hang_dir: str | None = None
+    exception: str | None = None
+    """The exception's type name, where a Python exception ended the rank."""
+    message: str | None = None
+    """The exception's own text, without its type."""
+    where: CodeSite | None = None
+    """The innermost frame of the user's own code (not Python's, a library's or slurmddp's)."""
 
     @classmethod
     def read_for(cls, run_dir: Path, attempt: AttemptId) -> Failure | None:
@@ -178,17 +202,57 @@ class Failure:
         data = read_json_object(run_dir / FAILURE)
         if data is None or not attempt.wrote(data):
             return None
+        return cls._from_json(data)
+
+    @classmethod
+    def read_all(cls, run_dir: Path) -> list[Failure]:
+        """Every attempt's failure, oldest first."""
+        data = read_json_object(run_dir / FAILURE)
+        if data is None:
+            return []
+        earlier = data.get("earlier")
+        older = (
+            [cls._from_json(item) for item in earlier if isinstance(item, dict)]
+            if isinstance(earlier, list)
+            else []
+        )
+        return [*older, cls._from_json(data)]
+
+    @classmethod
+    def _from_json(cls, data: Mapping[str, Any]) -> Failure:
         return cls(
             data.get("step"),
             int(data.get("rank") or 0),
             str(data.get("error", "")),
-            attempt,
+            AttemptId.from_json(data),
             float(data.get("time") or 0.0),
             data.get("bad_hosts"),
             data.get("retry"),
             data.get("cause"),
             data.get("hang_dir"),
+            data.get("exception"),
+            data.get("message"),
+            CodeSite.from_json(data.get("where")),
         )
+
+    def to_json(self) -> dict[str, Any]:
+        optional = {
+            "bad_hosts": self.bad_hosts,
+            "retry": self.retry,
+            "cause": self.cause,
+            "hang_dir": self.hang_dir,
+            "exception": self.exception,
+            "message": self.message,
+            "where": None if self.where is None else vars(self.where),
+        }
+        return {
+            "step": self.step,
+            "rank": self.rank,
+            "error": self.error,
+            "time": self.time,
+            **_without_none(optional),
+            **self.attempt.to_json(),
+        }
 
     def write(self, run_dir: Path, *, replace: bool = False) -> bool:
         """Write it unless this attempt recorded a failure already; whether it was written. The
@@ -198,23 +262,11 @@ class Failure:
         runs before any step)."""
         if not replace and Failure.read_for(run_dir, self.attempt) is not None:
             return False
-        optional = {
-            "bad_hosts": self.bad_hosts,
-            "retry": self.retry,
-            "cause": self.cause,
-            "hang_dir": self.hang_dir,
-        }
-        write_json(
-            run_dir / FAILURE,
-            {
-                "step": self.step,
-                "rank": self.rank,
-                "error": self.error,
-                "time": self.time,
-                **_without_none(optional),
-                **self.attempt.to_json(),
-            },
-        )
+        before = read_json_object(run_dir / FAILURE) or {}
+        earlier = before.pop("earlier", [])
+        if before and not self.attempt.wrote(before):
+            earlier = [*earlier, before]
+        write_json(run_dir / FAILURE, {**self.to_json(), **({"earlier": earlier} if earlier else {})})
         return True
 
 

@@ -70,7 +70,13 @@ def run_rank(spec: RankSpec) -> Any:
     if spec.script is not None or spec.module is not None:
         return run_script(spec, dist)
     assert spec.function is not None
-    return _run_function(spec, dist, load_function(spec.function))
+    try:
+        function = load_function(spec.function)
+    except Exception as exc:
+        # The user's module raised while it was imported (a NameError, an import it lacks).
+        crash.record(Path(spec.run_dir), dist, None, repr(exc), exc)
+        raise
+    return _run_function(spec, dist, function)
 
 
 def _record_provenance(spec: RankSpec, dist: DistEnv) -> None:
@@ -190,9 +196,8 @@ def _call(
     except StopForRequeue as stop:
         return _stopped(spec, dist, stop)
     except Exception as exc:
-        crash.record(
-            Path(spec.run_dir), dist, ctx.active_loop.step if ctx.active_loop is not None else None, repr(exc)
-        )
+        step = ctx.active_loop.step if ctx.active_loop is not None else None
+        crash.record(Path(spec.run_dir), dist, step, repr(exc), exc)
         raise
     finally:
         if ctx.watchdog is not None:

@@ -13,7 +13,7 @@ from typing import Any
 
 from slurmddp.errors import SlurmddpError
 from slurmddp.experiment.sweep import describe
-from slurmddp.manage import accounting, runs
+from slurmddp.manage import accounting, explain, runs
 
 
 def table(header: Sequence[str], body: Sequence[Sequence[str]]) -> str:
@@ -69,6 +69,8 @@ def status_table(target: runs.Target, rows: list[runs.Row], metric: str | None) 
         name = "run" if row.index is None else f"element {row.index}"
         if row.last_end is not None and row.last_end != "completed":
             text += f"\n{name}: last attempt: {row.last_end}"
+        for reason in explain.reasons(target.element(row.index)):
+            text += f"\n{name}: {reason.one_line(explain.workdir(target))}"
         for host, why in row.excluded.items():
             text += f"\n{name}: leaves out {host}: {why}"
     used = runs.total_usage(rows)
@@ -86,7 +88,10 @@ def status_json(target: runs.Target, rows: list[runs.Row]) -> dict[str, Any]:
         "dir": str(target.dir),
         "name": target.manifest.get("name"),
         "executor": target.executor,
-        "elements": [asdict(row) for row in rows],
+        "elements": [
+            {**asdict(row), "failures": [r.to_json() for r in explain.reasons(target.element(row.index))]}
+            for row in rows
+        ],
         "total": _usage_json(runs.total_usage(rows)),
     }
 

@@ -16,6 +16,7 @@ import dataclasses
 import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
 import types
@@ -171,6 +172,19 @@ OTHER_SUBMIT_CASES = [
     Case("override:sweep-unknown-key", submit("sweep={bogus: 1}"), "bogus"),
     Case("override:sweep-varies-resources", submit("sweep={grid: {resources.nodes: [1, 2]}}"), "resources"),
     Case("file:missing", submit(experiment="{tmp}/no-such.yaml"), "no-such.yaml"),
+    Case("file:a-directory", submit(experiment="{tmp}"), "is a directory; name the experiment's YAML file"),
+    Case("entrypoint:takes-no-context", submit("entrypoint=noctx.py:main"), "define it as `def main(ctx):`"),
+    Case(
+        "entrypoint:script-defines-main",
+        submit("entrypoint=train.py"),
+        'has no `if __name__ == "__main__":` block, so run as a script it would train nothing; '
+        "did you mean entrypoint: train.py:main?",
+    ),
+    Case(
+        "train.global_batch:uneven",
+        submit("train.global_batch=64", "resources.nodes=3"),
+        "override 'resources.nodes=3': train.global_batch: 64 samples cannot be split evenly over 3 ranks",
+    ),
     Case("file:malformed-yaml", submit(experiment="{tmp}/malformed.yaml"), "malformed.yaml"),
     Case("file:not-a-mapping", submit(experiment="{tmp}/list.yaml"), "list.yaml"),
     Case("file:unknown-key", submit(experiment="{tmp}/unknown.yaml"), "resources.node"),
@@ -289,6 +303,7 @@ def prepare(tmp: Path) -> dict[str, str]:
     """The cases' directory: an experiment and its code, bad experiment files, a run directory,
     fake Slurm commands that know no job; returns the environment the cases run in."""
     write_main(tmp)
+    (tmp / "noctx.py").write_text("def main():\n    pass\n")
     (tmp / "exp.yaml").write_text(EXPERIMENT)
     (tmp / "malformed.yaml").write_text("resources: [1,\n")
     (tmp / "list.yaml").write_text("- 1\n")
@@ -406,6 +421,83 @@ def test_a_bad_config_value_is_refused(
     status = main(arguments(case, tmp, out))  # anything but a SlurmddpError would raise here
     said = capsys.readouterr()
     assert_refused(case, status, said.out, said.err, out)
+
+
+FOUND_AFTER_LOADING = {
+    "profile:bad-value-0",
+    "entrypoint.function:bad-value-1",
+    "entrypoint.script:bad-value-0",
+    "entrypoint.module:bad-value-1",
+}
+"""Refused after the layers are merged, by a search on disk that names what it searched (a profile,
+an entrypoint), not a layer."""
+
+
+@pytest.mark.parametrize("case", CONFIG_CASES, ids=[case.id for case in CONFIG_CASES])
+def test_a_bad_value_given_as_an_override_is_blamed_on_the_override(
+    case: Case,
+    cases_dir: tuple[Path, dict[str, str]],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    if case.id in FOUND_AFTER_LOADING:
+        pytest.skip("refused for what was searched")
+    tmp, env = cases_dir
+    monkeypatch.chdir(tmp)
+    monkeypatch.setenv("XDG_STATE_HOME", env["XDG_STATE_HOME"])
+    out = tmp / "out" / "blame" / str(CONFIG_CASES.index(case))
+    main(arguments(case, tmp, out))
+    override = arguments(case, tmp, out)[-1]
+    assert capsys.readouterr().err.startswith(f"slurmddp: error: override {override!r}: ")
+
+
+def test_the_places_searched_are_each_named_once(
+    cases_dir: tuple[Path, dict[str, str]],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Submitted from the experiment's own folder, the submit and experiment folders are one; a
+    profile's folders are named as absolute paths, whichever way they were reached."""
+    tmp, env = cases_dir
+    monkeypatch.chdir(tmp)
+    monkeypatch.setenv("XDG_STATE_HOME", env["XDG_STATE_HOME"])
+    monkeypatch.delenv("SLURMDDP_PROFILE_PATH", raising=False)
+    out = f"output_dir={tmp}/out/searched"
+    main(["submit", "exp.yaml", "executor=local", out, "entrypoint.script=no_such_file.py"])
+    said = capsys.readouterr().err
+    assert said == f"slurmddp: error: entrypoint.script: no file 'no_such_file.py' (looked in {tmp})\n"
+    main(["submit", "exp.yaml", "executor=local", out, "profile=mycluster"])
+    said = capsys.readouterr().err
+    assert (
+        f"no profile named 'mycluster' (looked for mycluster.yaml in {tmp}/configs, {tmp.parent}/configs)"
+        in said
+    )
+
+
+@pytest.mark.process
+def test_an_unreadable_experiment_is_refused_without_a_traceback(tmp_path: Path) -> None:
+    """Mode 000 stops anyone but root; root is stopped too once it drops the power to read any
+    file (CAP_DAC_OVERRIDE and CAP_DAC_READ_SEARCH), as setpriv does for the command."""
+    env = prepare(tmp_path)
+    (tmp_path / "exp.yaml").chmod(0)
+    case = Case(
+        "file:unreadable", submit(), "exp.yaml: cannot read it (Permission denied); check its permissions"
+    )
+    prefix: list[str] = []
+    if os.access(tmp_path / "exp.yaml", os.R_OK):
+        if shutil.which("setpriv") is None:
+            pytest.skip("this user reads any file, and setpriv is missing to drop that power")
+        prefix = ["setpriv", "--bounding-set=-dac_override,-dac_read_search"]
+    proc = subprocess.run(
+        [*prefix, sys.executable, "-m", "slurmddp", *arguments(case, tmp_path, tmp_path / "out")],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+        check=False,
+    )
+    assert_refused(case, proc.returncode, proc.stdout, proc.stderr, tmp_path / "out")
 
 
 @pytest.mark.parametrize("case", PROCESS_CASES, ids=[case.id for case in PROCESS_CASES])

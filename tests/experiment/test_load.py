@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -111,7 +112,7 @@ def test_wrong_type_names_key(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("override", "needle"),
     [
-        ("resources.nodes=0", "resources.nodes: must be >= 1"),
+        ("resources.nodes=0", "override 'resources.nodes=0': must be >= 1"),
         ("resources.cpus_per_task=0", "resources.cpus_per_task"),
         ("resources.gpus_per_node=-1", "resources.gpus_per_node"),
         ("resources.time=1:2:3:4", "resources.time"),
@@ -127,8 +128,8 @@ def test_wrong_type_names_key(tmp_path: Path) -> None:
         ("name=../up", "name"),
         ("resources.mem_gb=0", "resources.mem_gb"),
         ("entrypoint.function=nocolon", "entrypoint.function"),
-        ("ddp.accumulate=0", "ddp.accumulate: must be >= 1"),
-        ("ddp.bucket_cap_mb=0", "ddp.bucket_cap_mb: must be > 0"),
+        ("ddp.accumulate=0", "override 'ddp.accumulate=0': must be >= 1"),
+        ("ddp.bucket_cap_mb=0", "override 'ddp.bucket_cap_mb=0': must be > 0"),
         ("precision.autocast=fp16", "precision.autocast: 'fp16' is not one of none, bfloat16, float16"),
         ("trackers.wandb_mode=cloud", "trackers.wandb_mode"),
     ],
@@ -158,6 +159,66 @@ def test_both_or_no_entrypoint(tmp_path: Path) -> None:
     assert "exactly one" in error(write(tmp_path, "resources:\n  nodes: 1\n"))
     both = BASE.replace("entrypoint: pkg.train:main\n", "entrypoint:\n  function: a:b\n  script: x.py\n")
     assert "exactly one" in error(write(tmp_path, both))
+
+
+@pytest.mark.parametrize(
+    ("override", "said"),
+    [
+        ("resources.nodes=-1", "override 'resources.nodes=-1': must be >= 1, got -1"),
+        ("resources.time=forever", "override 'resources.time=forever': 'forever' is not a Slurm time limit"),
+        ("name=-x", "override 'name=-x': '-x' must start with a letter or digit"),
+        ("dist.port=80", "override 'dist.port=80': 80 is not a usable port"),
+        ("checkpoint.keep_last=0", "override 'checkpoint.keep_last=0': must be >= 1, got 0"),
+        ("resources.tasks_per_node=0", "override 'resources.tasks_per_node=0': must be >= 1, got 0"),
+        ("resources={nodes: 0}", "override 'resources={nodes: 0}': resources.nodes: must be >= 1, got 0"),
+    ],
+)
+def test_a_bad_value_given_as_an_override_is_blamed_on_the_override(
+    tmp_path: Path, override: str, said: str
+) -> None:
+    message = error(write(tmp_path, BASE), ["lr=0.2", override, "train.other=1"])
+    assert message.startswith(said), message
+
+
+def test_a_bad_value_is_blamed_on_the_file_or_profile_that_gave_it(tmp_path: Path) -> None:
+    write(tmp_path, "resources:\n  mem_gb: 0\n", "configs/small.yaml")
+    path = write(tmp_path, BASE.replace("  nodes: 2\n", "  nodes: 0\n"))
+    assert error(path, ["resources.time=10"]) == f"{path}: resources.nodes: must be >= 1, got 0"
+    profile = tmp_path / "configs" / "small.yaml"
+    assert (
+        error(write(tmp_path, BASE + "profile: small\n", "small.yaml"))
+        == f"{profile}: resources.mem_gb: must be > 0, got 0.0"
+    )
+    assert load_experiment(path, ["resources.nodes=3"]).experiment.resources.nodes == 3
+
+
+def test_a_directory_given_as_the_experiment_is_said_to_be_one(tmp_path: Path) -> None:
+    write(tmp_path, BASE)
+    assert (
+        error(tmp_path)
+        == f"{tmp_path}: is a directory; name the experiment's YAML file in it (it holds exp.yaml)"
+    )
+
+
+def test_an_unreadable_experiment_is_said_to_be_unreadable(tmp_path: Path) -> None:
+    path = write(tmp_path, BASE)
+    path.chmod(0)
+    if os.access(path, os.R_OK):
+        pytest.skip("this user reads any file (root); test_bad_inputs drops that power to check it")
+    assert error(path) == f"{path}: cannot read it (Permission denied); check its permissions"
+
+
+def test_an_unknown_profile_lists_the_folders_searched(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    extra = tmp_path / "profiles"
+    monkeypatch.setenv("SLURMDDP_PROFILE_PATH", str(extra))
+    monkeypatch.chdir(tmp_path)
+    path = write(tmp_path, BASE + "profile: mycluster\n", "project/exp.yaml")
+    message = error(path)
+    searched = f"{extra}, {tmp_path}/project/configs, {tmp_path}/configs"
+    assert f"no profile named 'mycluster' (looked for mycluster.yaml in {searched})" in message
+    assert "$SLURMDDP_PROFILE_PATH" in message
 
 
 def test_missing_file_and_non_mapping(tmp_path: Path) -> None:

@@ -92,8 +92,26 @@ def test_a_bad_study_is_refused(kwargs: dict[str, Any], said: str) -> None:
 
 
 def test_weak_scaling_needs_a_batch_that_splits_over_the_written_ranks() -> None:
-    with pytest.raises(ConfigError, match="does not split evenly over the experiment's 4 ranks"):
-        study(experiment(batch=30), nodes=[1])
+    # train.global_batch is checked as the experiment loads; a batch under another key, here.
+    exp = Experiment(
+        entrypoint=Entrypoint(function="m:f"),
+        resources=Resources(nodes=2, tasks_per_node=2),
+        train={"bs": 30},
+    )
+    with pytest.raises(ConfigError, match="bs=30 does not split evenly over the experiment's 4 ranks"):
+        study(exp, nodes=[1], batch_key="train.bs")
+
+
+def test_an_experiment_whose_global_batch_cannot_split_over_its_ranks_is_refused() -> None:
+    with pytest.raises(ConfigError) as refused:
+        experiment(batch=30)
+    assert str(refused.value) == (
+        "train.global_batch: 30 samples cannot be split evenly over 4 ranks (resources.nodes=2 x 2 per "
+        "node); use a multiple of 4, such as 28 or 32, or change the number of ranks"
+    )
+    with pytest.raises(ConfigError, match="use a multiple of 4, such as 4, or"):
+        experiment(batch=2)
+    assert experiment(batch=32).train == {"global_batch": 32}
 
 
 def test_numbers_are_positive_distinct_and_named() -> None:

@@ -86,7 +86,9 @@ def test_launcher_mpi_without_mpi4py_is_refused_at_load(
     )
     exp = tmp_path / "exp.yaml"
     exp.write_text("entrypoint: train.py:main\n")
-    with pytest.raises(ConfigError, match=r"dist.launcher: mpi needs mpi4py.*pip install 'slurmddp\[mpi\]'"):
+    with pytest.raises(
+        ConfigError, match=r"override 'dist.launcher=mpi': mpi needs mpi4py.*pip install 'slurmddp\[mpi\]'"
+    ):
         load_experiment(exp, ["dist.launcher=mpi"])
     assert load_experiment(exp, ["dist.launcher=slurm"]).experiment.dist.launcher == "slurm"
     with pytest.raises(DistEnvError, match="cannot import mpi4py"):

@@ -126,9 +126,9 @@ def test_config_section_defaults_and_errors(tmp_path: Path) -> None:
         "min_bus_gbps": 0,
         "fail_on_host": None,
     }
-    with pytest.raises(ConfigError, match=r"preflight.size_mb: must be > 0"):
+    with pytest.raises(ConfigError, match=r"override 'preflight.size_mb=0': must be > 0"):
         load_experiment(exp, ["preflight.size_mb=0"])
-    with pytest.raises(ConfigError, match=r"preflight.min_bus_gbps: must be >= 0"):
+    with pytest.raises(ConfigError, match=r"override 'preflight.min_bus_gbps=-1': must be >= 0"):
         load_experiment(exp, ["preflight.min_bus_gbps=-1"])
 
 

@@ -10,6 +10,7 @@ from slurmddp.job import records
 from slurmddp.job.records import (
     AttemptId,
     Begin,
+    CodeSite,
     End,
     Exclusions,
     Failure,
@@ -95,11 +96,54 @@ def test_the_first_failure_record_of_an_attempt_stands_unless_replaced(tmp_path:
         "time": 1.0,
         "job_id": "7",
         "restart_count": 1,
+        "earlier": [
+            {
+                "step": 3,
+                "rank": 1,
+                "error": "hang: rank 2 on node3",
+                "bad_hosts": {},
+                "time": 1.0,
+                "job_id": "7",
+                "restart_count": 0,
+            }
+        ],
     }
     refused = Failure(None, 0, "refused", ME, 2.0, retry=False)
     refused.write(tmp_path)
     assert Failure.read_for(tmp_path, ME) == refused
     assert "bad_hosts" not in on_disk(tmp_path / "failure.json")
+
+
+def test_every_attempts_failure_is_kept_with_what_the_exception_was(tmp_path: Path) -> None:
+    assert Failure.read_all(tmp_path) == []
+    site = CodeSite("/src/train.py", 12, "main")
+    first = Failure(
+        None, 1, "KeyError('lrr')", AttemptId("7", 0), 1.0, exception="KeyError", message="'lrr'", where=site
+    )
+    second = Failure(4, 0, "script exited 1", AttemptId("7", 1), 2.0)
+    third = Failure(9, 2, "hung", AttemptId("8", 0), 3.0, cause="rank 2 waits in all_reduce")
+    for failure in (first, second, third):
+        failure.write(tmp_path)
+    assert Failure.read_all(tmp_path) == [first, second, third]
+    assert Failure.read_for(tmp_path, AttemptId("8", 0)) == third
+    assert on_disk(tmp_path / "failure.json")["earlier"][0]["where"] == {  # type: ignore[index]
+        "file": "/src/train.py",
+        "line": 12,
+        "function": "main",
+    }
+
+
+def test_a_failure_written_before_the_exception_fields_still_reads(tmp_path: Path) -> None:
+    old = {
+        "step": None,
+        "rank": 3,
+        "error": "RuntimeError('x')",
+        "time": 1.0,
+        "job_id": "5",
+        "restart_count": 0,
+    }
+    (tmp_path / "failure.json").write_text(json.dumps(old))
+    assert Failure.read_all(tmp_path) == [Failure(None, 3, "RuntimeError('x')", AttemptId("5", 0), 1.0)]
 
 
 def test_interrupt_and_exclusions(tmp_path: Path) -> None:
