@@ -15,11 +15,11 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from slurmddp.errors import ConfigError
-from slurmddp.experiment.schema import Experiment
+from slurmddp.experiment.schema import GLOBAL_BATCH, Experiment
 
 Mode = Literal["weak", "strong"]
 MODES: tuple[Mode, ...] = ("weak", "strong")
-BATCH_KEY = "global_batch"
+BATCH_KEY = GLOBAL_BATCH
 
 
 @dataclass(frozen=True)
