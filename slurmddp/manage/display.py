@@ -1,0 +1,199 @@
+"""How a followed job looks: on a terminal, a region that rich redraws (a bar with step/total, the
+speed, ETA, epoch and attempt, then the latest metrics, each line packed to the terminal's width at
+every redraw, so nothing is cut at any width or after a resize); anywhere else (CI, nohup, a pipe)
+a plain line at most every PLAIN_EVERY_S, so such logs stay readable."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterable
+from types import TracebackType
+from typing import TextIO
+
+from rich.console import Console, ConsoleOptions, Group, RenderableType, RenderResult
+from rich.live import Live
+from rich.progress_bar import ProgressBar
+from rich.spinner import Spinner
+from rich.table import Table
+from rich.text import Text
+
+from slurmddp.manage import numbers
+from slurmddp.manage.snapshot import Snapshot
+
+PLAIN_EVERY_S = 10.0
+"""Off a terminal: the least time between two progress lines."""
+REFRESH_PER_S = 4
+GAP = "  "
+
+
+def step_text(snap: Snapshot) -> str:
+    """`65/176 (36%)`, or `65` where the total is not known."""
+    if snap.step is None:
+        return "?"
+    if not snap.total_steps:
+        return str(snap.step)
+    return f"{snap.step}/{snap.total_steps} ({100 * snap.step // snap.total_steps}%)"
+
+
+def epoch_text(epoch: int, epochs: int) -> str:
+    """The epoch counted from 0, as ctx.loop and the metrics count it, with the range it runs in."""
+    return f"epoch {epoch} (0-{epochs - 1})"
+
+
+def detail_items(snap: Snapshot) -> list[str]:
+    items = [
+        f"{numbers.rate(snap.rate) if snap.rate is not None else numbers.NOT_KNOWN} steps/s",
+        f"ETA {numbers.duration(snap.eta_s)}",
+    ]
+    if snap.epoch is not None and snap.epochs:
+        items.append(epoch_text(snap.epoch, snap.epochs))
+    if snap.attempt is not None:
+        items.append(f"attempt {snap.attempt}")
+    return items
+
+
+def metric_items(snap: Snapshot) -> list[str]:
+    return [f"{name}={numbers.metric(value)}" for name, value in snap.metrics.items()]
+
+
+def starting_text(snap: Snapshot) -> str:
+    state = f"{snap.state} " if snap.state is not None else ""
+    return f"{state}{numbers.duration(snap.elapsed_s)}  {snap.starting}"
+
+
+def plain_line(snap: Snapshot) -> str:
+    """The whole snapshot on one line: a log file is not cut at any width."""
+    if snap.step is None:
+        return f"slurmddp: {starting_text(snap)}"
+    return "slurmddp: " + GAP.join([f"step {step_text(snap)}", *detail_items(snap), *metric_items(snap)])
+
+
+class Packed:
+    """Items side by side, as many to a line as the width at render time holds; an item is never
+    split unless it is wider than a whole line."""
+
+    def __init__(self, items: Iterable[str], style: str = "") -> None:
+        self.items = list(items)
+        self.style = style
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        # One column short of the width: a line that fills it leaves the cursor waiting to wrap,
+        # and some terminals then count it as two lines when the region is redrawn.
+        width = max(options.max_width - 1, 1)
+        line = ""
+        for item in self.items:
+            if line and len(line) + len(GAP) + len(item) > width:
+                yield Text(line, style=self.style, overflow="fold")
+                line = ""
+            line = f"{line}{GAP}{item}" if line else item
+        if line:
+            yield Text(line, style=self.style, overflow="fold")
+
+
+class Bar:
+    """The progress bar and `step/total (percent)` beside it: the bar gives way on a narrow
+    terminal, the count does not."""
+
+    def __init__(self, snap: Snapshot) -> None:
+        self.snap = snap
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        total = self.snap.total_steps or 0
+        grid = Table.grid(expand=True, padding=(0, 1))
+        grid.add_column(ratio=1)
+        grid.add_column(no_wrap=True)
+        done = min(self.snap.step or 0, total)
+        grid.add_row(ProgressBar(total=total, completed=done), step_text(self.snap))
+        # One column short, as Packed's lines.
+        yield from console.render(grid, options.update_width(max(options.max_width - 1, 1)))
+
+
+def render(snap: Snapshot) -> RenderableType:
+    """The live region for `snap`."""
+    if snap.step is None:
+        return Spinner("dots", Text(starting_text(snap), overflow="fold"))
+    rows: list[RenderableType] = [Bar(snap) if snap.total_steps else Text(f"step {step_text(snap)}")]
+    rows.append(Packed(detail_items(snap), style="cyan"))
+    rows.append(Packed(metric_items(snap), style="bold"))
+    return Group(*rows)
+
+
+class LiveView:
+    """The live region: lines said go above it, the snapshot shown is redrawn in it."""
+
+    def __init__(self, console: Console) -> None:
+        self.snapshot: Snapshot | None = None
+        self.live = Live(
+            console=console,
+            refresh_per_second=REFRESH_PER_S,
+            # Redrawn from the latest snapshot at each refresh, at the terminal's width then.
+            get_renderable=lambda: Text("") if self.snapshot is None else render(self.snapshot),
+            redirect_stdout=False,
+            redirect_stderr=False,
+        )
+
+    def __enter__(self) -> LiveView:
+        self.live.start()
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
+    ) -> None:
+        self.live.stop()
+
+    def say(self, line: str) -> None:
+        # Not markup: rank 0's output is the user's text ("[rank 0]" alone would be a style tag).
+        self.live.console.print(Text(line), soft_wrap=True)
+
+    def show(self, snap: Snapshot, final: bool = False) -> None:
+        self.snapshot = snap
+        self.live.refresh()
+
+
+class PlainView:
+    def __init__(self, out: TextIO) -> None:
+        self.out = out
+        self.shown = ""
+        self.shown_at = -math.inf
+        self.phase: str | None = None
+
+    def __enter__(self) -> PlainView:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
+    ) -> None:
+        return None
+
+    def say(self, line: str) -> None:
+        self.out.write(f"{line}\n")
+        self.out.flush()
+
+    def show(self, snap: Snapshot, final: bool = False) -> None:
+        if snap.step is None:
+            # Each step of the start once; the elapsed time alone is nothing new.
+            if snap.starting is not None and snap.starting != self.phase and not final:
+                self.phase = snap.starting
+                self.say(f"slurmddp: {snap.starting}")
+            return
+        line = plain_line(snap)
+        # A line is written only when it says something new: a new record changes it.
+        if line == self.shown:
+            return
+        if final or time.monotonic() - self.shown_at >= PLAIN_EVERY_S:
+            self.say(line)
+            self.shown, self.shown_at = line, time.monotonic()
+
+
+def print_block(out: TextIO, rows: list[tuple[str, str]], next_steps: list[tuple[str, str]]) -> None:
+    """Labelled rows, then the next commands with what each does, a line each. The terminal wraps
+    a long one itself (a soft wrap, so a path or command copied from the screen stays whole)."""
+    console = Console(file=out, highlight=False)
+    width = max((len(label) for label, _ in rows), default=0)
+    for label, value in rows:
+        line = Text(f"  {f'{label}:':<{width + 1}} ", style="bold")
+        console.print(line.append(value, style=""), soft_wrap=True)
+    console.print(Text("next:", style="bold"), soft_wrap=True)
+    for command, what in next_steps:
+        console.print(Text(f"  {command}", style="cyan").append(f"  # {what}", style="dim"), soft_wrap=True)
