@@ -186,14 +186,25 @@ class PlainView:
             self.shown, self.shown_at = line, time.monotonic()
 
 
-def print_block(out: TextIO, rows: list[tuple[str, str]], next_steps: list[tuple[str, str]]) -> None:
-    """Labelled rows, then the next commands with what each does, a line each. The terminal wraps
-    a long one itself (a soft wrap, so a path or command copied from the screen stays whole)."""
+def print_block(
+    out: TextIO, rows: list[tuple[str, str | list[str]]], next_steps: list[tuple[str, str]]
+) -> None:
+    """Labelled rows, then the next commands with what each does. A row of several items (the
+    metrics) is packed to the terminal's width, an item never split; a single value (a path, a
+    command) is one line that the terminal wraps itself: a soft wrap, so it copies whole."""
     console = Console(file=out, highlight=False)
     width = max((len(label) for label, _ in rows), default=0)
     for label, value in rows:
-        line = Text(f"  {f'{label}:':<{width + 1}} ", style="bold")
-        console.print(line.append(value, style=""), soft_wrap=True)
+        head = f"  {f'{label}:':<{width + 1}} "
+        if isinstance(value, list) and console.is_terminal:
+            grid = Table.grid()
+            grid.add_column(no_wrap=True, style="bold", width=len(head))
+            grid.add_column()
+            grid.add_row(head, Packed(value))
+            console.print(grid)
+            continue
+        shown = value if isinstance(value, str) else GAP.join(value)
+        console.print(Text(head, style="bold").append(shown, style=""), soft_wrap=True)
     console.print(Text("next:", style="bold"), soft_wrap=True)
     for command, what in next_steps:
         console.print(Text(f"  {command}", style="cyan").append(f"  # {what}", style="dim"), soft_wrap=True)

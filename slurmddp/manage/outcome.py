@@ -19,8 +19,8 @@ COMMAND = "python -m slurmddp"
 
 @dataclass(frozen=True)
 class Outcome:
-    rows: list[tuple[str, str]]
-    """(what, value): the metrics, the time, and where each of the run's files is."""
+    rows: list[tuple[str, str | list[str]]]
+    """(what, value): the metrics (one item each), the time, and where each of the run's files is."""
     next_steps: list[tuple[str, str]]
     """(command, what it does)."""
 
@@ -31,9 +31,9 @@ def outcome(sub: Submission, state: JobState, wall_s: float) -> Outcome:
     values, _ = runs.latest_metrics(run_dir)
     metrics = shown_metrics(values)
     attempts = runs.attempts_ran(run, read_attempts(run_dir), Progress.read(run_dir))
-    rows = []
+    rows: list[tuple[str, str | list[str]]] = []
     if metrics:
-        rows.append(("metrics", "  ".join(f"{name}={numbers.metric(v)}" for name, v in metrics.items())))
+        rows.append(("metrics", [f"{name}={numbers.metric(v)}" for name, v in metrics.items()]))
     rows.append(("time", f"{numbers.duration(wall_s)}, {attempts} attempt{'s' if attempts != 1 else ''}"))
     rows.append(("run dir", str(run_dir)))
     if (run_dir / RESULT).is_file():
