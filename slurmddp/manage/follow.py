@@ -63,7 +63,7 @@ class Follower:
                     self.last_state = state
                 view.show(self.watch.snapshot(state, self.elapsed_s))
                 time.sleep(self.poll_s)
-            view.show(self.watch.snapshot(None, self.elapsed_s, final=True), final=True)
+            view.show(self.watch.snapshot(None, self.elapsed_s), final=True)
         final = self.final_state()
         self.out.write(
             f"slurmddp: job {self.sub.job_id} ended {final} after {numbers.duration(self.elapsed_s)}\n"

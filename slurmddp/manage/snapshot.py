@@ -1,21 +1,21 @@
 """What `submit --wait` shows at one moment, read from the files rank 0 writes: progress.json
 (every ~2 s, by ctx.loop) and metrics.jsonl (at every ctx.log).
 
-The two are written at different times, so the metrics are held back to the step of the progress
-record they are shown with: the step on the screen is never behind the metrics beside it (reading
-both as they stood showed `step 0/176` beside the validation of epoch 2, logged 65 steps later).
+The two are written at different times: at 60 steps/s the progress record can be 120 steps behind
+the metrics (what showed `step 0/176` beside the validation of epoch 2, logged at step 65). So the
+step shown is the later of the two, and the epoch goes with it: the step on the screen is never
+behind the metrics beside it.
 """
 
 from __future__ import annotations
 
 import json
-from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from slurmddp.cluster.slurm import JobState
-from slurmddp.job.records import Progress
+from slurmddp.job.records import LoopProgress, Progress
 from slurmddp.layout import METRICS, PERF
 from slurmddp.manage.tail import Tail
 
@@ -40,7 +40,8 @@ class Snapshot:
     elapsed_s: float
     """Since `submit` handed the job over."""
     step: int | None
-    """Steps done (progress.json); for a run without ctx.loop, the step of its latest metrics."""
+    """Steps done as progress.json says, or the step of the latest metrics where that is later
+    (and for a run without ctx.loop, which writes no progress.json)."""
     total_steps: int | None = None
     epoch: int | None = None
     """The epoch of the current step, counted from 0, as ctx.loop and its metrics count it."""
@@ -90,34 +91,25 @@ class LatestMetrics:
 
     Values, not the last record: a loop that logs `loss` every step and `val_acc` once an epoch
     writes them in separate records, and the display shows both. The file grows for the whole run,
-    so it is read on from where the last read stopped; records past the step asked for wait."""
+    so it is read on from where the last read stopped."""
 
     def __init__(self, path: Path) -> None:
         self._tail = Tail(path)
-        self._held: deque[dict[str, Any]] = deque()
         self.values: dict[str, Any] = {}
 
-    def read(self, up_to_step: int | None = None) -> dict[str, Any]:
-        """The values as of `up_to_step` (None: everything logged so far)."""
+    def read(self) -> dict[str, Any]:
         lines = self._tail.new_lines()
         if self._tail.rewound:
             # A resumed attempt rewrote the file without the records past its checkpoint.
-            self.values, self._held = {}, deque()
+            self.values = {}
         for line in lines:
             try:
                 record = json.loads(line)
             except ValueError:
                 continue  # a line cut short by a killed rank 0
             if isinstance(record, dict):
-                self._held.append(record)
-        while self._held and (up_to_step is None or not _later(self._held[0], up_to_step)):
-            self.values.update(self._held.popleft())
+                self.values.update(record)
         return self.values
-
-
-def _later(record: dict[str, Any], step: int) -> bool:
-    logged = record.get("step")
-    return isinstance(logged, int) and logged > step
 
 
 def shown_metrics(values: dict[str, Any]) -> dict[str, float]:
@@ -148,33 +140,42 @@ class RunWatch:
             if line.startswith(prefix):
                 self.phase = phase
 
-    def snapshot(self, state: JobState | None, elapsed_s: float, final: bool = False) -> Snapshot:
-        """`final`: the job has ended, and every metric it logged is shown."""
+    def snapshot(self, state: JobState | None, elapsed_s: float) -> Snapshot:
         # Not written yet, or unreadable: the previous record stands.
         self.record = Progress.read(self.run_dir) or self.record
+        values = self.metrics.read()
+        logged = values.get("step")
+        metrics = shown_metrics(values)
         record = self.record
         if record is None:
-            values = self.metrics.read()
-            step = values.get("step")
-            metrics = shown_metrics(values)
             return Snapshot(
                 state,
                 elapsed_s,
-                step if isinstance(step, int) else None,
+                logged if isinstance(logged, int) else None,
                 metrics=metrics,
                 starting=None if metrics else self.phase,
             )
-        rate = self.rate.update(record)
+        step = max(record.step, logged) if isinstance(logged, int) else record.step
         loop = record.loop
         return Snapshot(
             state,
             elapsed_s,
-            record.step,
+            step,
             total_steps=loop.total_steps if loop is not None else None,
-            # The loop reports epoch 0 of no epochs when it is not given `data`.
-            epoch=loop.epoch if loop is not None and loop.epochs is not None else None,
+            epoch=_epoch(loop, record.step, step) if loop is not None else None,
             epochs=loop.epochs if loop is not None else None,
             attempt=record.attempt.restart_count + 1,
-            rate=rate,
-            metrics=shown_metrics(self.metrics.read(None if final else record.step)),
+            rate=self.rate.update(record),
+            metrics=metrics,
         )
+
+
+def _epoch(loop: LoopProgress, recorded_step: int, step: int) -> int | None:
+    """The epoch of `step`, where the metrics are ahead of the progress record's own: epochs of
+    equal length (a last one cut short is counted as if whole), never before the record's."""
+    # The loop reports epoch 0 of no epochs when it is not given `data`.
+    if loop.epoch is None or not loop.epochs:
+        return None
+    if step <= recorded_step or not loop.total_steps:
+        return loop.epoch
+    return max(loop.epoch, min(step * loop.epochs // loop.total_steps, loop.epochs - 1))

@@ -79,23 +79,25 @@ def log_metrics(run_dir: Path, step: int, **values: float) -> None:
         handle.write(json.dumps({"step": step, "time": 1.0, **values}) + "\n")
 
 
-def test_metrics_wait_for_the_progress_record_of_their_step(tmp_path: Path) -> None:
+def test_the_step_shown_is_never_behind_the_metrics_beside_it(tmp_path: Path) -> None:
     """rank 0 writes progress.json every ~2 s and metrics at every ctx.log: what was shown as
-    `step 0/176 ... epoch=2.000` shows the metrics of step 65 only with a step of 65 or more."""
+    `step 0/176 ... epoch=2.000` now shows the step, and the epoch, of the metrics."""
     watch = RunWatch(tmp_path)
     write_progress(tmp_path, 0)
     log_metrics(tmp_path, 0, loss=2.3)
+    assert watch.snapshot("RUNNING", 1.0).step == 0
     log_metrics(tmp_path, 65, loss=0.5, epoch=2.0, val_acc=0.86)
-    early = watch.snapshot("RUNNING", 3.0)
-    assert (early.step, early.epoch, early.metrics) == (0, 0, {"loss": 2.3})
+    ahead = watch.snapshot("RUNNING", 3.0)
+    # 176 steps in 8 epochs: step 65 is the last of epoch 2 (counted from 0).
+    assert (ahead.step, ahead.epoch) == (65, 2)
+    assert ahead.metrics == {"loss": 0.5, "epoch": 2.0, "val_acc": 0.86}
     write_progress(tmp_path, 70, epoch=3)
     later = watch.snapshot("RUNNING", 5.0)
-    assert later.step == 70 and later.epoch == 3
-    assert later.metrics == {"loss": 0.5, "epoch": 2.0, "val_acc": 0.86}
-    # Once the job ended, everything it logged is shown (a last record after the loop's own).
+    assert (later.step, later.epoch) == (70, 3)
+    # Past the last step (a record after the loop's own), the epoch stays the last one.
     log_metrics(tmp_path, 176, test_acc=0.9)
-    assert "test_acc" not in watch.snapshot("RUNNING", 6.0).metrics
-    assert watch.snapshot(None, 7.0, final=True).metrics["test_acc"] == 0.9
+    end = watch.snapshot(None, 7.0)
+    assert (end.step, end.epoch, end.metrics["test_acc"]) == (176, 7, 0.9)
 
 
 def test_before_the_loop_reports_the_snapshot_says_how_far_the_start_came(tmp_path: Path) -> None:
