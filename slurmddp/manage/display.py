@@ -12,8 +12,10 @@ from types import TracebackType
 from typing import TextIO
 
 from rich.console import Console, ConsoleOptions, Group, RenderableType, RenderResult
+from rich.control import Control
 from rich.live import Live
 from rich.progress_bar import ProgressBar
+from rich.segment import ControlType, Segment
 from rich.spinner import Spinner
 from rich.table import Table
 from rich.text import Text
@@ -23,7 +25,6 @@ from slurmddp.manage.snapshot import Snapshot
 
 PLAIN_EVERY_S = 10.0
 """Off a terminal: the least time between two progress lines."""
-REFRESH_PER_S = 4
 GAP = "  "
 
 
@@ -120,15 +121,26 @@ def render(snap: Snapshot) -> RenderableType:
 
 
 class LiveView:
-    """The live region: lines said go above it, the snapshot shown is redrawn in it."""
+    """The live region: lines said go above it, the snapshot shown is redrawn in it.
+
+    rich moves the cursor up over the region by as many lines as it drew. A terminal made
+    narrower wraps the region's longer lines onto more rows than that (tmux, VTE, iTerm2 and
+    Windows Terminal reflow their screen), and the top rows stayed behind as a stale fragment:
+    so before each draw after a shrink, those extra rows are erased first."""
 
     def __init__(self, console: Console) -> None:
-        self.snapshot: Snapshot | None = None
+        self.console = console
+        self.region: RenderableType = Text("")
+        self.drawn: list[int] = []
+        """The length of each line of the region as last drawn."""
+        self.drawn_width = console.width
         self.live = Live(
             console=console,
-            refresh_per_second=REFRESH_PER_S,
-            # Redrawn from the latest snapshot at each refresh, at the terminal's width then.
-            get_renderable=lambda: Text("") if self.snapshot is None else render(self.snapshot),
+            # Redrawn by `show` (each poll), so that nothing else draws between a shrink's
+            # clean-up and the redraw.
+            auto_refresh=False,
+            transient=True,
+            get_renderable=lambda: self.region,
             redirect_stdout=False,
             redirect_stderr=False,
         )
@@ -140,15 +152,39 @@ class LiveView:
     def __exit__(
         self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
     ) -> None:
+        self._unwrap()
         self.live.stop()
+        # The region stays only when the job ended: after a Ctrl-C, following goes on below (the
+        # run being cancelled), in a region of its own.
+        if kind is None:
+            self.console.print(self.region)
 
     def say(self, line: str) -> None:
+        self._unwrap()
         # Not markup: rank 0's output is the user's text ("[rank 0]" alone would be a style tag).
-        self.live.console.print(Text(line), soft_wrap=True)
+        self.console.print(Text(line), soft_wrap=True)
 
     def show(self, snap: Snapshot, final: bool = False) -> None:
-        self.snapshot = snap
+        self._unwrap()
+        self.region = render(snap)
+        self._measure()
         self.live.refresh()
+
+    def _unwrap(self) -> None:
+        width = self.console.width
+        if width < self.drawn_width:
+            rows = sum(max(1, math.ceil(length / width)) for length in self.drawn)
+            extra = rows - len(self.drawn)
+            if extra > 0:
+                up = ((ControlType.CURSOR_UP, 1), (ControlType.ERASE_IN_LINE, 2)) * extra
+                self.console.control(Control((ControlType.ERASE_IN_LINE, 2), *up))
+            self._measure()
+        self.drawn_width = width
+
+    def _measure(self) -> None:
+        lines = self.console.render_lines(self.region, pad=False)
+        self.drawn = [Segment.get_line_length(line) for line in lines]
+        self.drawn_width = self.console.width
 
 
 class PlainView:

@@ -1,12 +1,14 @@
 """`submit --wait` of the quickstart in a real pseudo-terminal (tmux), as a user sees it: the bar
-with step/total, the final metrics whole at 60 and 120 columns, the result block; and a Ctrl-C
-that cancels the run without a traceback, exit 130, `status` CANCELLED. Each test has its own
+with step/total, the final metrics whole at 60 and 120 columns, the result block; a resize that
+leaves no stale fragment; and a Ctrl-C that cancels the run without a traceback, exit 130,
+`status` CANCELLED. Each test has its own
 tmux server (a socket in its tmp_path) and kills only that one."""
 
 from __future__ import annotations
 
 import json
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -45,7 +47,9 @@ class Pane:
 
     def start(self, command: list[str]) -> None:
         script = self.socket.parent / "run.sh"
-        script.write_text(f"{subprocess.list2cmdline(command)}\necho $? > {self.status}\nsleep 600\n")
+        # COLUMNS and LINES, where the test's environment has them, would fix rich's idea of the
+        # size: the pane's own is what is tested.
+        script.write_text(f"unset COLUMNS LINES\n{shlex.join(command)}\necho $? > {self.status}\nsleep 600\n")
         # The server, and so the pane, inherits this test's environment (its own XDG_STATE_HOME).
         self.tmux("new-session", "-d", "-x", str(self.width), "-y", "50", f"bash {script}")
         self.tmux("set-option", "-g", "history-limit", "5000")
@@ -124,11 +128,16 @@ def test_the_screen_shows_the_bar_the_final_metrics_whole_and_the_result_block(
     assert json.loads(result.read_text())["result"]["val_acc"] > 0.5
 
 
-def test_ctrl_c_cancels_the_run_without_a_traceback(tmp_path: Path, pane_at: Callable[[int], Pane]) -> None:
+def test_ctrl_c_cancels_the_run_and_a_resize_leaves_no_fragment(
+    tmp_path: Path, pane_at: Callable[[int], Pane]
+) -> None:
     pane = pane_at(80)
     out = tmp_path / "runs"
     pane.start(submit_command(out, "train.epochs=200"))
     pane.wait_for("the training loop", lambda text: "━" in text and "steps/s" in text)
+    # A narrower terminal wraps the region's lines onto more rows: no fragment of it may stay.
+    pane.tmux("resize-window", "-x", "45")
+    time.sleep(1.5)
     pane.tmux("send-keys", "C-c")
     assert pane.exit_status() == 130, pane.screen()
     # The traceback of before came from submitit's controller after the shell's prompt: give it time.
@@ -136,6 +145,7 @@ def test_ctrl_c_cancels_the_run_without_a_traceback(tmp_path: Path, pane_at: Cal
     text = pane.screen()
     assert "Traceback" not in text and "KeyboardInterrupt" not in text, text
     assert "slurmddp: Ctrl-C: cancelling" in text and "ended CANCELLED" in text, text
+    assert len([line for line in text.splitlines() if "━" in line]) == 1, text
     status = subprocess.run(
         [sys.executable, "-m", "slurmddp", "status", str(only_run(out)), "--json"],
         capture_output=True,
