@@ -9,6 +9,7 @@ import io
 import json
 import os
 import pickle
+import signal
 import threading
 import time
 from dataclasses import dataclass, field
@@ -18,7 +19,7 @@ from typing import cast
 import pytest
 
 from slurmddp.job.records import AttemptId, LoopProgress, Progress
-from slurmddp.manage import display
+from slurmddp.manage import ctrl_c, display
 from slurmddp.manage.follow import follow
 from slurmddp.manage.snapshot import LatestMetrics, RunWatch, StepRate
 from slurmddp.submit.submitter import Submission
@@ -223,3 +224,23 @@ def test_on_a_terminal_progress_is_a_region_redrawn_below_the_output(tmp_path: P
     assert "30/30 (100%)" in text and "attempt 2" in text and "━" in text
     # The region stays once the job ended; the verdict comes below it (after rich shows the cursor again).
     assert "slurmddp: job 77 ended COMPLETED after " in text.splitlines()[-1]
+
+
+def test_ctrl_c_on_slurm_stops_following_only_and_says_how_to_cancel(tmp_path: Path) -> None:
+    sub = FakeSubmission(FakePlan(run_dir=tmp_path, folder=tmp_path / "logs", executor="slurm"), FakeJob())
+    out = io.StringIO()
+    assert ctrl_c.stop(cast(Submission, sub), out) is False
+    assert out.getvalue() == (
+        "slurmddp: stopped following; job 77 keeps running. "
+        f"Stop it with: python -m slurmddp cancel {tmp_path}\n"
+    )
+
+
+def test_a_local_job_starts_out_of_the_terminals_ctrl_c_and_slurm_submits_within_it() -> None:
+    before = signal.getsignal(signal.SIGINT)
+    with ctrl_c.out_of_reach("local"):
+        # What the controller and its ranks inherit across fork and exec.
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    assert signal.getsignal(signal.SIGINT) is before
+    with ctrl_c.out_of_reach("slurm"):
+        assert signal.getsignal(signal.SIGINT) is before
