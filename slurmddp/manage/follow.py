@@ -14,10 +14,10 @@ from slurmddp.cluster.slurm import JobState
 from slurmddp.job.records import final_end, read_attempts
 from slurmddp.manage import numbers
 from slurmddp.manage.backend import for_executor
-from slurmddp.manage.display import LiveView, PlainView
 from slurmddp.manage.runs import FINAL_STATES
 from slurmddp.manage.snapshot import RunWatch
 from slurmddp.manage.tail import Tail
+from slurmddp.manage.views import LiveView, PlainView
 from slurmddp.submit.submitter import Submission
 
 # The one end state that counts as success (sacct's spelling); every other end state fails `--wait`.

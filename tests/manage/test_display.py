@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from slurmddp.manage import display, numbers, report, runs
+from slurmddp.manage import display, numbers, report, runs, views
 from slurmddp.manage.snapshot import Snapshot
 
 METRICS = {"loss": 0.13532, "epoch": 7.0, "val_acc": 0.908333, "val_loss": 0.376894, "lr": 3e-05}
@@ -93,7 +93,7 @@ def test_off_a_terminal_each_start_phase_is_said_once_and_progress_now_and_then(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     out = io.StringIO()
-    view = display.PlainView(out)
+    view = views.PlainView(out)
     phase = "ranks started; joining the process group"
     for elapsed in (1.0, 2.0):
         view.show(running(step=None, starting=phase, elapsed_s=elapsed))

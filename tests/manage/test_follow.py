@@ -19,7 +19,7 @@ from typing import cast
 import pytest
 
 from slurmddp.job.records import AttemptId, LoopProgress, Progress
-from slurmddp.manage import ctrl_c, display
+from slurmddp.manage import ctrl_c, views
 from slurmddp.manage.follow import follow
 from slurmddp.manage.snapshot import LatestMetrics, RunWatch, StepRate
 from slurmddp.submit.submitter import Submission
@@ -199,7 +199,7 @@ def progress_lines(text: str) -> list[str]:
 def test_off_a_terminal_progress_comes_as_plain_lines_now_and_then(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, not_a_terminal: None
 ) -> None:
-    monkeypatch.setattr(display, "PLAIN_EVERY_S", 0.25)
+    monkeypatch.setattr(views, "PLAIN_EVERY_S", 0.25)
     final, text = follow_fake_job(tmp_path)
     assert final == "COMPLETED"
     assert "\x1b" not in text
