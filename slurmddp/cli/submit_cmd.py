@@ -7,11 +7,12 @@ import sys
 
 from slurmddp.cli import dryrun, mpilaunch
 from slurmddp.cli.arguments import experiment_args, wait_arg
-from slurmddp.errors import EXIT_JOB_FAILED
+from slurmddp.errors import EXIT_INTERRUPTED, EXIT_JOB_FAILED
 from slurmddp.experiment.load import Loaded, SweepElement, expand, load_experiment
-from slurmddp.layout import RESULT
-from slurmddp.manage import explain, index, sweep_runs
-from slurmddp.manage.follow import FINAL_OK, follow
+from slurmddp.manage import ctrl_c, explain, index, sweep_runs
+from slurmddp.manage.display import print_block
+from slurmddp.manage.follow import FINAL_OK, Follower
+from slurmddp.manage.outcome import next_steps, outcome
 from slurmddp.manage.signal_lead import short_lead_warning
 from slurmddp.submit import submitter
 from slurmddp.submit.plan import SubmissionPlan
@@ -48,21 +49,32 @@ def _submit(args: argparse.Namespace) -> int:
         print(f"slurmddp: warning: {warning}")
     if loaded.sweep is not None:
         return _submit_sweep(args, plan, loaded, elements)
-    sub = submitter.submit(plan, loaded, sys.argv)
+    with ctrl_c.out_of_reach(plan.executor):
+        sub = submitter.submit(plan, loaded, sys.argv)
     index.remember(plan.run_dir, "run", plan.job_name, sub.job_id)
     print(f"slurmddp: submitted {plan.executor} job {sub.job_id} ({plan.world_size} ranks)")
     print(f"  run dir: {plan.run_dir}")
     print(f"  logs:    {sub.log_path(0)} (rank 0; one file per rank)")
     wait = args.wait if args.wait is not None else plan.executor == "local"
     if not wait:
+        print_block(sys.stdout, [], next_steps(str(plan.run_dir), None))
         return 0
-    final = follow(sub, sys.stdout)
-    result = plan.run_dir / RESULT
-    if final == FINAL_OK and result.is_file():
-        print(f"  result:  {result}")
-    if final != FINAL_OK:
+    follower = Follower(sub, sys.stdout)
+    interrupted = False
+    try:
+        final = follower.run()
+    except KeyboardInterrupt:
+        if not ctrl_c.stop(sub, sys.stdout):
+            return EXIT_INTERRUPTED
+        interrupted = True
+        final = follower.run()
+    if final != FINAL_OK and not interrupted:
         for line in explain.summary(plan.run_dir):
             print(line)
+    result = outcome(sub, final, follower.elapsed_s)
+    print_block(sys.stdout, result.rows, result.next_steps)
+    if interrupted:
+        return EXIT_INTERRUPTED
     return 0 if final == FINAL_OK else EXIT_JOB_FAILED
 
 

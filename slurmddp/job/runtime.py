@@ -53,7 +53,7 @@ def run_rank(spec: RankSpec) -> Any:
     print(
         f"slurmddp: rank {dist.rank} of {dist.world_size} (node {dist.node_rank}, "
         f"local rank {dist.local_rank}) on {socket.gethostname()}, job {dist.job_id}, "
-        f"attempt {dist.restart_count}",
+        f"attempt {dist.restart_count + 1}",
         file=sys.stderr,
         flush=True,
     )

@@ -13,7 +13,7 @@ from typing import Any
 
 from slurmddp.errors import SlurmddpError
 from slurmddp.experiment.sweep import describe
-from slurmddp.manage import accounting, explain, runs
+from slurmddp.manage import accounting, explain, numbers, runs
 
 
 def table(header: Sequence[str], body: Sequence[Sequence[str]]) -> str:
@@ -52,7 +52,7 @@ def status_table(target: runs.Target, rows: list[runs.Row], metric: str | None) 
             "-" if row.step is None else str(row.step),
             _number(row.metrics.get(shown)) if shown else "-",
             row.throughput or "-",
-            duration(row.elapsed_s),
+            numbers.duration(row.elapsed_s),
             *_usage_cells(row),
             row.job_id or "-",
         ]
@@ -77,7 +77,7 @@ def status_table(target: runs.Target, rows: list[runs.Row], metric: str | None) 
     if target.kind == "sweep" and used is not None:
         text += (
             f"\ntotal: {_hours(used.cpu_hours)} CPU hours, {_hours(used.gpu_hours)} GPU hours, "
-            f"{duration(used.lost_hours * 3600)} lost to requeues"
+            f"{numbers.duration(used.lost_hours * 3600)} lost to requeues"
         )
     return text
 
@@ -175,7 +175,7 @@ def _results_cells(row: runs.Row, keys: list[str], metrics: list[str]) -> list[s
 
 def _usage_cells(row: runs.Row) -> list[str]:
     """CPU hours, GPU hours and the time lost to requeues; "-" where unknown (a local run)."""
-    lost = "-" if row.lost_hours is None else duration(row.lost_hours * 3600)
+    lost = "-" if row.lost_hours is None else numbers.duration(row.lost_hours * 3600)
     return [_hours(row.cpu_hours), _hours(row.gpu_hours), lost]
 
 
@@ -231,9 +231,3 @@ def _number(value: Any) -> str:
     if isinstance(value, float):
         return f"{value:.6g}"
     return str(value)
-
-
-def duration(seconds: float) -> str:
-    seconds = int(seconds)
-    hours, rest = divmod(seconds, 3600)
-    return f"{hours}:{rest // 60:02d}:{rest % 60:02d}"

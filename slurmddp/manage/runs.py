@@ -29,7 +29,7 @@ from slurmddp.job.records import (
     read_attempts,
 )
 from slurmddp.layout import MANIFEST, METRICS, PERF, SWEEP
-from slurmddp.manage import accounting, index
+from slurmddp.manage import accounting, index, numbers
 from slurmddp.manage.backend import Backend, for_manifest
 
 RunState = Literal[JobState, "UNSUBMITTED"]
@@ -219,6 +219,7 @@ class Row:
     overrides: dict[str, Any]
     state: RunState
     attempts: int
+    """How many attempts ran: attempt 1 is the first (0: none started yet)."""
     step: int | None
     metrics: dict[str, float]
     """The latest value of every metric rank 0 logged."""
@@ -237,7 +238,7 @@ class Row:
     excluded: dict[str, str] = field(default_factory=dict)
     """Hosts the run leaves out, with why (RUN_DIR/excluded.json)."""
     throughput: str | None = None
-    """The latest telemetry record's pace: "1234 samples/s" (or steps/s without ctx.loader)."""
+    """The latest telemetry record's pace: "7,251 samples/s" (or steps/s without ctx.loader)."""
 
 
 def rows(target: Target, with_usage: bool = True) -> list[Row]:
@@ -256,15 +257,18 @@ def rows(target: Target, with_usage: bool = True) -> list[Row]:
         perf = {name: metrics.pop(name) for name in list(metrics) if name.startswith(PERF)}
         progress = Progress.read(element.dir)
         steps = [s for s in (progress and progress.step, metric_step) if isinstance(s, int)]
+        state = element_state(target, element, states)
         out.append(
             Row(
                 index=element.index,
                 overrides=element.overrides,
-                state=element_state(target, element, states),
-                attempts=sum(1 for r in records if isinstance(r, Begin)),
+                state=state,
+                attempts=attempts_ran(element, records, progress),
                 step=max(steps) if steps else None,
                 metrics=metrics,
-                elapsed_s=_elapsed(records, now),
+                elapsed_s=_elapsed(
+                    element, records, _element_submitted_at(target.manifest, element.index), state, now
+                ),
                 job_id=element.job_id,
                 dir=str(element.dir),
                 cpu_hours=None if used is None else used.cpu_hours,
@@ -272,7 +276,7 @@ def rows(target: Target, with_usage: bool = True) -> list[Row]:
                 lost_hours=None if used is None else used.lost_hours,
                 last_end=_last_end(records),
                 excluded={host: why.reason for host, why in Exclusions.read(element.dir).hosts.items()},
-                throughput=_pace(perf),
+                throughput=numbers.pace(perf),
             )
         )
     return out
@@ -283,12 +287,14 @@ def _last_end(records: list[AttemptEvent]) -> str | None:
     return next((r.message for r in reversed(current(records)) if isinstance(r, End)), None)
 
 
-def _pace(perf: dict[str, float]) -> str | None:
-    for unit in ("samples", "steps"):
-        value = perf.get(f"{PERF}{unit}_per_s")
-        if value is not None:
-            return f"{value:.4g} {unit}/s"
-    return None
+def attempts_ran(element: Run, records: list[AttemptEvent], progress: Progress | None) -> int:
+    """How many attempts ran, attempt 1 being the first. On Slurm the batch script records each
+    attempt's begin; a local run records none, and counts as far as its latest progress record's
+    attempt, or as one attempt once its rank 0 started writing its log."""
+    begun = sum(1 for r in records if isinstance(r, Begin))
+    seen = progress.attempt.restart_count + 1 if progress is not None else 0
+    started = int(element.job_id is not None and (element.logs / f"{element.job_id}_0_log.err").exists())
+    return max(begun, seen, started)
 
 
 def total_usage(rows: list[Row]) -> accounting.Usage | None:
@@ -332,8 +338,18 @@ def _submitted_at(manifest: dict[str, Any]) -> float | None:
     return min(known) if known else None
 
 
-def _elapsed(records: list[AttemptEvent], now: float) -> float:
+def _element_submitted_at(manifest: dict[str, Any], index: int | None) -> float | None:
+    """When this element (or the run) was last submitted, as Unix time, if recorded."""
+    mine = [s for s in manifest.get("submissions", ()) if index in s.get("elements", ())]
+    return _submitted_at({"submissions": mine[-1:]} if mine else manifest)
+
+
+def _elapsed(
+    element: Run, records: list[AttemptEvent], submitted_at: float | None, state: RunState, now: float
+) -> float:
     """Seconds spent in attempts (time in the queue between them does not count)."""
+    if not any(isinstance(r, Begin) for r in records):
+        return _elapsed_without_records(element, submitted_at, state, now)
     total = 0.0
     started: float | None = None
     for record in records:
@@ -345,6 +361,22 @@ def _elapsed(records: list[AttemptEvent], now: float) -> float:
     if started is not None:
         total += now - started
     return total
+
+
+def _elapsed_without_records(element: Run, submitted_at: float | None, state: RunState, now: float) -> float:
+    """A local run has no attempt records (Slurm's batch script writes them): it ran from its
+    submission (it does not queue) until its ranks' last write to their logs, or until now."""
+    if submitted_at is None or element.job_id is None:
+        return 0.0
+    if state in ACTIVE_STATES:
+        return max(now - submitted_at, 0.0)
+    written = []
+    for path in element.logs.glob(f"{element.job_id}_*"):
+        try:
+            written.append(path.stat().st_mtime)
+        except OSError:
+            continue
+    return max(max(written) - submitted_at, 0.0) if written else 0.0
 
 
 def latest_metrics(run_dir: Path) -> tuple[dict[str, float], int | None]:

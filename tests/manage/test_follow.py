@@ -1,14 +1,15 @@
-"""`submit --wait`'s progress line: built from progress.json and metrics.jsonl (pure), the speed
-across attempts, the metrics file read incrementally through rewrites, and `follow` against a fake
-job in a temp run directory, as plain lines off a terminal and as a rich live line on one."""
+"""`submit --wait`'s reading of a run: the speed across attempts, the metrics file read
+incrementally through rewrites and held back to the step of the progress record, and `follow`
+against a fake job in a temp run directory, as plain lines off a terminal and as a rich live
+region on one (what each looks like: test_display.py)."""
 
 from __future__ import annotations
 
-import dataclasses
 import io
 import json
 import os
 import pickle
+import signal
 import threading
 import time
 from dataclasses import dataclass, field
@@ -18,55 +19,10 @@ from typing import cast
 import pytest
 
 from slurmddp.job.records import AttemptId, LoopProgress, Progress
-from slurmddp.manage import follow as follow_module
-from slurmddp.manage.follow import LatestMetrics, StepRate, follow, format_metrics, progress_line
+from slurmddp.manage import ctrl_c, views
+from slurmddp.manage.follow import follow
+from slurmddp.manage.snapshot import LatestMetrics, RunWatch, StepRate
 from slurmddp.submit.submitter import Submission
-
-
-def loop_progress(step: int, restart: int = 0, **position: int | None) -> Progress:
-    fields = {"total_steps": None, "epoch": None, "epochs": None, **position}
-    loop = LoopProgress(fields["total_steps"], fields["epoch"], fields["epochs"], 0.0, None)
-    return Progress(step, AttemptId("5", restart), 1.0, loop)
-
-
-def test_the_line_says_step_speed_eta_epoch_attempt_and_metrics() -> None:
-    # The loop counts epochs from 0; the line, from 1.
-    progress = loop_progress(1200, 1, total_steps=5000, epoch=2, epochs=10)
-    metrics = {"step": 1200, "time": 1.0, "loss": 0.412345, "val_acc": 0.95}
-    assert progress_line(progress, metrics, 40.0) == (
-        "step 1200/5000 (24%)  40 steps/s  ETA 0:01:35  epoch 3/10  attempt 2  loss=0.4123 val_acc=0.9500"
-    )
-
-
-def test_a_run_without_total_epochs_or_metrics_shows_what_it_knows(tmp_path: Path) -> None:
-    # progress.json as rank 0 wrote it before total_steps and epochs were added.
-    (tmp_path / "progress.json").write_text(
-        '{"step": 7, "time": 1.0, "last_save_s": 0.0, "job_id": "5", "restart_count": 0}'
-    )
-    old = Progress.read(tmp_path)
-    assert old is not None and old.loop is not None and old.loop.last_save_s == 0.0
-    assert progress_line(old, {}, None) == "step 7  ? steps/s  ETA ?  attempt 1"
-    assert progress_line(old, {}, 2.5) == "step 7  2.5 steps/s  ETA ?  attempt 1"
-    # A loop without `data` has no epochs.
-    no_epochs = loop_progress(7, total_steps=10, epoch=0)
-    assert progress_line(no_epochs, {}, None) == "step 7/10 (70%)  ? steps/s  ETA ?  attempt 1"
-
-
-def test_eta_counts_hours_past_a_day_and_speed_keeps_three_digits() -> None:
-    progress = loop_progress(0, total_steps=1_000_000)
-    assert "10 steps/s  ETA 27:46:40" in progress_line(progress, {}, 10.0)
-    assert "12346 steps/s  ETA 0:01:21" in progress_line(progress, {}, 12345.6)
-    assert "0.00123 steps/s" in progress_line(progress, {}, 0.00123)
-    assert "ETA ?" in progress_line(progress, {}, 0.0)
-    # A record past the total (a loop that ran on) is not an ETA in the past.
-    assert "ETA 0:00:00" in progress_line(dataclasses.replace(progress, step=1_000_001), {}, 10.0)
-
-
-def test_metrics_are_the_first_four_numbers_to_four_digits() -> None:
-    numbers = {"loss": 1234.6, "acc": 1, "note": "x", "ok": True, "lr": 3e-05, "a": 2, "b": 3}
-    record = {"step": 3, "time": 9.0, **numbers}
-    assert format_metrics(record) == "loss=1235 acc=1.000 lr=3.000e-05 a=2.000"
-    assert format_metrics({"step": 1, "time": 2.0}) == ""
 
 
 def test_speed_is_smoothed_within_an_attempt_and_starts_over_with_the_next() -> None:
@@ -112,6 +68,51 @@ def test_latest_metrics_reads_on_from_where_it_stopped_and_through_rewrites(tmp_
     assert latest.read()["step"] == 89
     path.write_text("")
     assert latest.read() == {}
+
+
+def write_progress(run_dir: Path, step: int, total: int = 176, epoch: int = 0, epochs: int = 8) -> None:
+    position = LoopProgress(total_steps=total, epoch=epoch, epochs=epochs, last_save_s=0.0, global_batch=None)
+    Progress(step, AttemptId("5", 0), time.time(), position).write(run_dir)
+
+
+def log_metrics(run_dir: Path, step: int, **values: float) -> None:
+    with (run_dir / "metrics.jsonl").open("a") as handle:
+        handle.write(json.dumps({"step": step, "time": 1.0, **values}) + "\n")
+
+
+def test_the_step_shown_is_never_behind_the_metrics_beside_it(tmp_path: Path) -> None:
+    """rank 0 writes progress.json every ~2 s and metrics at every ctx.log: what was shown as
+    `step 0/176 ... epoch=2.000` now shows the step, and the epoch, of the metrics."""
+    watch = RunWatch(tmp_path)
+    write_progress(tmp_path, 0)
+    log_metrics(tmp_path, 0, loss=2.3)
+    assert watch.snapshot("RUNNING", 1.0).step == 0
+    log_metrics(tmp_path, 65, loss=0.5, epoch=2.0, val_acc=0.86)
+    ahead = watch.snapshot("RUNNING", 3.0)
+    # 176 steps in 8 epochs: step 65 is the last of epoch 2 (counted from 0).
+    assert (ahead.step, ahead.epoch) == (65, 2)
+    assert ahead.metrics == {"loss": 0.5, "epoch": 2.0, "val_acc": 0.86}
+    write_progress(tmp_path, 70, epoch=3)
+    later = watch.snapshot("RUNNING", 5.0)
+    assert (later.step, later.epoch) == (70, 3)
+    # Past the last step (a record after the loop's own), the epoch stays the last one.
+    log_metrics(tmp_path, 176, test_acc=0.9)
+    end = watch.snapshot(None, 7.0)
+    assert (end.step, end.epoch, end.metrics["test_acc"]) == (176, 7, 0.9)
+
+
+def test_before_the_loop_reports_the_snapshot_says_how_far_the_start_came(tmp_path: Path) -> None:
+    watch = RunWatch(tmp_path)
+    assert watch.snapshot("PENDING", 1.0).starting == "starting the ranks"
+    watch.note("slurmddp: rank 0 of 4 (node 0, local rank 0) on vm, job 5, attempt 1")
+    assert "joining the process group" in str(watch.snapshot("RUNNING", 2.0).starting)
+    watch.note("slurmddp: preflight ok in 0.10 s: all-reduce of 4 MB over 4 ranks")
+    watch.note("an unrelated line of the user's")
+    assert "your code is setting up" in str(watch.snapshot("RUNNING", 3.0).starting)
+    # A run without ctx.loop has no progress record: its metrics' step is all there is.
+    log_metrics(tmp_path, 12, loss=0.25)
+    snap = watch.snapshot("RUNNING", 4.0)
+    assert (snap.step, snap.total_steps, snap.starting, snap.metrics) == (12, None, None, {"loss": 0.25})
 
 
 @dataclass
@@ -198,28 +199,48 @@ def progress_lines(text: str) -> list[str]:
 def test_off_a_terminal_progress_comes_as_plain_lines_now_and_then(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, not_a_terminal: None
 ) -> None:
-    monkeypatch.setattr(follow_module, "PLAIN_EVERY_S", 0.25)
+    monkeypatch.setattr(views, "PLAIN_EVERY_S", 0.25)
     final, text = follow_fake_job(tmp_path)
     assert final == "COMPLETED"
     assert "\x1b" not in text
     assert "  [rank 0] [bold]hello[/bold] from the training code" in text
     assert "slurmddp: job 77 RUNNING" in text
-    assert text.splitlines()[-1].startswith("slurmddp: job 77 ended COMPLETED")
+    assert text.splitlines()[-1].startswith("slurmddp: job 77 ended COMPLETED after 0:00:")
     shown = progress_lines(text)
     # 51 progress records ~30 ms apart, each a new line: throttled to one every 0.25 s, and the last.
     assert 2 <= len(shown) <= 15, text
-    assert shown[0].startswith("slurmddp: step ") and "attempt 1" in shown[0]
+    assert any("attempt 1" in line for line in shown), shown
     assert shown[-1].startswith("slurmddp: step 30/30 (100%)")
-    assert shown[-1].endswith("ETA 0:00:00  epoch 1/1  attempt 2  loss=0.03226")
+    assert shown[-1].endswith("ETA 0:00:00  epoch 0 (0-0)  attempt 2  loss=0.03226")
 
 
-def test_on_a_terminal_progress_is_one_line_redrawn_below_the_output(tmp_path: Path, terminal: None) -> None:
+def test_on_a_terminal_progress_is_a_region_redrawn_below_the_output(tmp_path: Path, terminal: None) -> None:
     final, text = follow_fake_job(tmp_path)
     assert final == "COMPLETED"
     # rich moves the cursor up over the line to redraw it; rank 0's text is not read as markup.
     assert "\x1b[1A" in text or "\x1b[2K" in text
     assert "  [rank 0] [bold]hello[/bold] from the training code" in text
     assert "slurmddp: job 77 RUNNING" in text
-    assert "slurmddp: step 30/30 (100%)" in text and "attempt 2" in text
-    # The line stays once the job ended; the verdict comes below it (after rich shows the cursor again).
-    assert "slurmddp: job 77 ended COMPLETED (" in text.splitlines()[-1]
+    assert "30/30 (100%)" in text and "attempt 2" in text and "━" in text
+    # The region stays once the job ended; the verdict comes below it (after rich shows the cursor again).
+    assert "slurmddp: job 77 ended COMPLETED after " in text.splitlines()[-1]
+
+
+def test_ctrl_c_on_slurm_stops_following_only_and_says_how_to_cancel(tmp_path: Path) -> None:
+    sub = FakeSubmission(FakePlan(run_dir=tmp_path, folder=tmp_path / "logs", executor="slurm"), FakeJob())
+    out = io.StringIO()
+    assert ctrl_c.stop(cast(Submission, sub), out) is False
+    assert out.getvalue() == (
+        "slurmddp: stopped following; job 77 keeps running. "
+        f"Stop it with: python -m slurmddp cancel {tmp_path}\n"
+    )
+
+
+def test_a_local_job_starts_out_of_the_terminals_ctrl_c_and_slurm_submits_within_it() -> None:
+    before = signal.getsignal(signal.SIGINT)
+    with ctrl_c.out_of_reach("local"):
+        # What the controller and its ranks inherit across fork and exec.
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    assert signal.getsignal(signal.SIGINT) is before
+    with ctrl_c.out_of_reach("slurm"):
+        assert signal.getsignal(signal.SIGINT) is before

@@ -70,7 +70,7 @@ def test_status_rows_read_the_run_directories(tmp_path: Path, monkeypatch: pytes
         "2",
         "90",
         "1.5",
-        "812.3",
+        "812",
         "samples/s",
         "0:00:50",
         "-",
@@ -79,7 +79,7 @@ def test_status_rows_read_the_run_directories(tmp_path: Path, monkeypatch: pytes
         "40_0",
     ]
     assert text.splitlines()[2].split() == cells  # no accounting: no hours, not zero hours
-    assert rows[0].throughput == "812.3 samples/s" and rows[1].throughput is None
+    assert rows[0].throughput == "812 samples/s" and rows[1].throughput is None
     assert [r.index for r in report.ranked(rows, "loss", "min")] == [0, 1]
     with pytest.raises(SlurmddpError, match="no element logged a metric named 'acc'; logged metrics: loss"):
         report.ranked(rows, "acc", "max")
