@@ -4,6 +4,7 @@ its training loop got (read by manage/snapshot.py, drawn by manage/display.py)."
 from __future__ import annotations
 
 import pickle
+import re
 import time
 from typing import TextIO
 
@@ -26,6 +27,11 @@ POLL_S = 0.5
 """Between two looks at the job: its end is seen this long after it came, at most."""
 
 
+_RANK_PREFIX = re.compile(r"^\[rank\d+\]: ")
+_SUBMITIT_ERROR = "Submitted job triggered an exception"
+"""submitit logs it twice before every traceback of a rank's function."""
+
+
 class Follower:
     """One job followed; `run` may be called again after a Ctrl-C, and goes on where it stopped
     (rank 0's lines are not shown twice)."""
@@ -38,6 +44,7 @@ class Follower:
         self.console = Console(file=out, highlight=False)
         self.backend = for_executor(sub.plan.executor)
         self.tails = [Tail(sub.log_path(0, "out")), Tail(sub.log_path(0, "err"))]
+        self.folded = TracebackFold()
         self.watch = RunWatch(sub.plan.run_dir)
         self.last_state: JobState | None = None
 
@@ -55,7 +62,8 @@ class Follower:
                 for tail in self.tails:
                     for line in tail.new_lines():
                         self.watch.note(line)
-                        view.say(f"  [rank 0] {line}")
+                        if not self.folded.hides(line):
+                            view.say(f"  [rank 0] {line}")
                 if state is None:
                     break
                 if state != self.last_state:
@@ -81,6 +89,28 @@ class Follower:
         if final == "UNKNOWN":
             final = _from_results(sub)
         return final
+
+
+class TracebackFold:
+    """Leaves a rank's tracebacks out of what is shown, all but their last line (the exception):
+    the log keeps them whole, and a failed run ends with a summary naming the user's own line and
+    that log (manage/explain.py), which 50 lines of runpy, submitit and slurmddp frames would bury."""
+
+    def __init__(self) -> None:
+        self.inside = False
+
+    def hides(self, line: str) -> bool:
+        # torch.distributed prefixes what a rank writes to stderr with "[rankN]: ".
+        text = _RANK_PREFIX.sub("", line, count=1)
+        if text.startswith("Traceback (most recent call last):"):
+            self.inside = True
+            return True
+        if _SUBMITIT_ERROR in text:
+            return True
+        if self.inside and (text.startswith((" ", "\t")) or not text):
+            return True
+        self.inside = False
+        return False
 
 
 def follow(sub: Submission, out: TextIO, poll_s: float = POLL_S) -> JobState:

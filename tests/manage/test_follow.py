@@ -20,7 +20,7 @@ import pytest
 
 from slurmddp.job.records import AttemptId, LoopProgress, Progress
 from slurmddp.manage import ctrl_c, views
-from slurmddp.manage.follow import follow
+from slurmddp.manage.follow import TracebackFold, follow
 from slurmddp.manage.snapshot import LatestMetrics, RunWatch, StepRate
 from slurmddp.submit.submitter import Submission
 
@@ -244,3 +244,26 @@ def test_a_local_job_starts_out_of_the_terminals_ctrl_c_and_slurm_submits_within
     assert signal.getsignal(signal.SIGINT) is before
     with ctrl_c.out_of_reach("slurm"):
         assert signal.getsignal(signal.SIGINT) is before
+
+
+def test_a_ranks_traceback_is_folded_to_its_exception_line() -> None:
+    err = [
+        "submitit ERROR (2026-11-25 13:56:39,757) - Submitted job triggered an exception",
+        "[rank0]: Traceback (most recent call last):",
+        '[rank0]:   File "<frozen runpy>", line 198, in _run_module_as_main',
+        '[rank0]:   File "/site-packages/submitit/core/submission.py", line 69, in process_job',
+        "[rank0]:     raise error",
+        '[rank0]:   File "/project/train.py", line 96, in train',
+        "[rank0]:     optimizer = torch.optim.SGD(ddp.parameters(), lr=cfg.lrr)",
+        "[rank0]:                                                      ^^^^^^^",
+        "[rank0]: omegaconf.errors.ConfigAttributeError: Missing key lrr. Did you mean: 'lr'?",
+        "[rank0]:     full_key: train.lrr",
+        "slurmddp: stopped at step 3",
+    ]
+    fold = TracebackFold()
+    shown = [line for line in err if not fold.hides(line)]
+    assert shown == [
+        "[rank0]: omegaconf.errors.ConfigAttributeError: Missing key lrr. Did you mean: 'lr'?",
+        "[rank0]:     full_key: train.lrr",
+        "slurmddp: stopped at step 3",
+    ]
