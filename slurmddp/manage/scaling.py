@@ -16,6 +16,7 @@ from typing import Any
 
 from slurmddp.errors import SlurmddpError
 from slurmddp.job.preflight import Link, slow_hosts
+from slurmddp.manage.numbers import rate
 
 EFFICIENCY_FLOOR = 0.90
 """A size below this share of the ideal speedup is flagged."""
@@ -386,7 +387,8 @@ def _bucket_advice(rows: Sequence[Row], unit: str) -> str | None:
         (r for r in rows if r.role in ("bucket", "size") and r.ranks == ranks),
         key=lambda r: (r.bucket_cap_mb is None, r.bucket_cap_mb or 0.0),
     )
-    shown = ", ".join(f"{_bucket(r)}: {_measured(r)}" for r in candidates)
+    # `;` between entries: a throughput of 1,000 has a comma of its own.
+    shown = "; ".join(f"{_bucket(r)}: {_measured(r)}" for r in candidates)
     measured = [r for r in candidates if r.throughput is not None]
     if not measured:
         return f"no bucket size measured a throughput at {ranks} ranks ({shown})"
@@ -430,10 +432,6 @@ def _value(mapping: Mapping[str, Any] | None, key: str) -> float | None:
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
         return None
     return float(value)
-
-
-def rate(value: float) -> str:
-    return f"{value:.1f}" if value >= 1 else f"{value:.3g}"
 
 
 def percent(value: float) -> str:

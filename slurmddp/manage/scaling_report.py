@@ -10,8 +10,9 @@ from dataclasses import astuple, fields
 from pathlib import Path
 
 from slurmddp.errors import SlurmddpError
+from slurmddp.manage.numbers import rate
 from slurmddp.manage.report import table
-from slurmddp.manage.scaling import EFFICIENCY_FLOOR, SCALING_NAMES, Row, ms, percent, rate
+from slurmddp.manage.scaling import EFFICIENCY_FLOOR, SCALING_NAMES, Row, ms, percent
 
 
 def study_table(rows: Sequence[Row], unit: str) -> str:

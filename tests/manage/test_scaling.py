@@ -262,8 +262,8 @@ def test_bucket_advice_picks_the_highest_throughput() -> None:
         point(6, 12, 1100.0, role="bucket", bucket=100),
     ]
     assert analyse(study, "weak").bucket_advice == (
-        "bucket_cap_mb: 25 gives the highest throughput at 12 ranks (5: 1000.0, 25: 1200.0, 100: 1100.0, "
-        "own: 1140.0 samples/s); put `ddp: {bucket_cap_mb: 25}` in the experiment"
+        "bucket_cap_mb: 25 gives the highest throughput at 12 ranks (5: 1,000; 25: 1,200; 100: 1,100; "
+        "own: 1,140 samples/s); put `ddp: {bucket_cap_mb: 25}` in the experiment"
     )
 
 
@@ -283,8 +283,8 @@ def test_bucket_advice_with_a_tie_and_a_failed_element() -> None:
         point(6, 12, None, role="bucket", bucket=5, state="FAILED"),
     ]
     assert analyse(study, "weak").bucket_advice == (
-        "bucket_cap_mb: 25 and 100 tie for the highest throughput at 12 ranks (5: FAILED, 25: 1200.0, "
-        "100: 1200.0 samples/s); put `ddp: {bucket_cap_mb: 25}` in the experiment"
+        "bucket_cap_mb: 25 and 100 tie for the highest throughput at 12 ranks (5: FAILED; 25: 1,200; "
+        "100: 1,200 samples/s); put `ddp: {bucket_cap_mb: 25}` in the experiment"
     )
 
 
