@@ -33,6 +33,8 @@ class LiveView:
     def __init__(self, console: Console) -> None:
         self.console = console
         self.region: RenderableType = Text("")
+        self.progressed = False
+        """Whether the region shows a step (not only the start's phases)."""
         self.drawn: list[int] = []
         """The length of each line of the region as last drawn."""
         self.drawn_width = console.width
@@ -57,8 +59,9 @@ class LiveView:
         self._unwrap()
         self.live.stop()
         # The region stays only when the job ended: after a Ctrl-C, following goes on below (the
-        # run being cancelled), in a region of its own.
-        if kind is None:
+        # run being cancelled), in a region of its own; and only with progress in it: a run that
+        # ended before its first step would leave a spinner frozen on its last phase.
+        if kind is None and self.progressed:
             self.console.print(self.region)
 
     def say(self, line: str) -> None:
@@ -69,6 +72,7 @@ class LiveView:
     def show(self, snap: Snapshot, final: bool = False) -> None:
         self._unwrap()
         self.region = render(snap)
+        self.progressed = snap.step is not None
         self._measure()
         self.live.refresh()
 
