@@ -34,7 +34,8 @@ from typing import TYPE_CHECKING, Any
 
 from slurmddp.errors import CheckpointError, SlurmddpError
 from slurmddp.job import signals
-from slurmddp.job.records import AttemptId, LoopProgress, Progress, Stop
+from slurmddp.job.checkpoint import DAMAGED_DIR
+from slurmddp.job.records import AttemptId, Failure, LoopProgress, Progress, Stop
 from slurmddp.layout import METRICS
 
 if TYPE_CHECKING:
@@ -182,10 +183,10 @@ class TrainLoop:
     def _resume(self) -> None:
         from slurmddp.job.checkpoint import restore_rng_state
 
-        info = self.store.latest()
-        if info is None:
+        found = self._load_intact()
+        if found is None:
             return
-        shared, local = self.store.load(info)
+        info, shared, local = found
         resized = info.world_size != self.store.world_size
         self._check_settings(shared.get("loop"), info, resized)
         self._apply(shared)
@@ -198,6 +199,60 @@ class TrainLoop:
             print(f"slurmddp: resumed from {info.path} at step {info.step}", flush=True)
             if resized:
                 self._say_resized(info)
+
+    def _load_intact(self) -> tuple[CheckpointInfo, dict[str, Any], dict[str, Any]] | None:
+        """The newest checkpoint that every rank loaded, with this rank's (shared, local) state;
+        None when there is none. One that any rank found damaged (its files not as their markers
+        say, or not loadable) is moved aside by rank 0 and the next older one tried, in this
+        attempt: on Slurm, each requeue would otherwise choose it again and fail the same way."""
+        skipped: list[str] = []
+        info = self.store.latest()
+        while info is not None:
+            problem = self.store.damage(info)
+            shared: dict[str, Any] = {}
+            local: dict[str, Any] = {}
+            if problem is None:
+                try:
+                    # Checked just above: the CRCs are not read twice.
+                    shared, local = self.store.load(info, verify_checksums=False)
+                except CheckpointError as exc:
+                    problem = str(exc)
+            # Every rank, whatever it found, so that all of them go on with the same checkpoint.
+            found = _every_rank(problem)
+            if not any(found):
+                if skipped and self.rank == 0:
+                    print(f"slurmddp: loaded {info.path}, the newest intact checkpoint", flush=True)
+                return info, shared, local
+            why = "; ".join(f"rank {rank}: {text}" for rank, text in enumerate(found) if text)
+            skipped.append(f"{info.path.name} ({why})")
+            moved = self.store.move_aside(info, why)
+            if self.rank == 0:
+                where = f"moved to {moved}" if moved is not None else "it could not be moved aside"
+                print(f"slurmddp: skipping damaged checkpoint {info.path}: {why}; {where}", flush=True)
+            info = self.store.latest(before=info.step)
+        if skipped:
+            self._end_without_checkpoint(skipped)
+        return None
+
+    def _end_without_checkpoint(self, skipped: list[str]) -> None:
+        """Every checkpoint was damaged: the run ends here for good, with why. Starting from step 0
+        on its own would throw the run's progress away; a requeue would find nothing better."""
+        damaged = self.store.root / DAMAGED_DIR
+        message = (
+            f"no intact checkpoint is left in {self.store.root}: {'; '.join(skipped)}; each was moved "
+            f"to {damaged} with its reason. Put an intact checkpoint back into {self.store.root} and "
+            "resubmit, or resubmit as it is to train from step 0"
+        )
+        # Every rank the same record, retry=False: the requeue decision ends the job at once.
+        Failure(
+            step=None,
+            rank=self.rank,
+            error=message,
+            attempt=self.attempt,
+            time=time.time(),
+            retry=False,
+        ).write(self.run_dir, replace=True)
+        raise CheckpointError(message)
 
     def _say_resized(self, info: CheckpointInfo) -> None:
         data = (
@@ -419,6 +474,18 @@ class TrainLoop:
                 time=time.time(),
                 save_s=round(self.last_save_s, 3),
             ).write(self.run_dir)
+
+
+def _every_rank(problem: str | None) -> list[str | None]:
+    """Each rank's `problem`, in rank order, on every rank (just this one's without a process group)."""
+    import torch.distributed as tdist
+
+    if not tdist.is_initialized():
+        return [problem]
+    from slurmddp.job.metrics import gather
+
+    found: list[str | None] = gather(problem)
+    return found
 
 
 def _drop_metrics_from(path: Path, step: int) -> None:

@@ -20,11 +20,14 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from checkpoint_damage import flip_a_byte
 
 from slurmddp.errors import CheckpointError
 from slurmddp.experiment.schema import Checkpoint
 from slurmddp.job.checkpoint import (
+    DAMAGED_DIR,
     META_FILE,
+    REASON_FILE,
     SHARED_FILE,
     CheckpointInfo,
     CheckpointStore,
@@ -198,10 +201,7 @@ def test_missing_meta_and_mixed_attempts_do_not_count(
 def test_a_damaged_file_of_the_right_size(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     save_all(tmp_path, 1, 1)
     save_all(tmp_path, 2, 1, value=2.0)
-    local = tmp_path / step_dir_name(2) / rank_file_name(0)
-    data = bytearray(local.read_bytes())
-    data[len(data) // 2] ^= 0xFF
-    local.write_bytes(bytes(data))
+    flip_a_byte(tmp_path / step_dir_name(2) / rank_file_name(0))
     store = CheckpointStore(tmp_path, 0, 1)
     info = store.latest()  # sizes only: cheap, and the same answer on every rank
     assert info is not None and info.step == 2
@@ -210,6 +210,41 @@ def test_a_damaged_file_of_the_right_size(tmp_path: Path, caplog: pytest.LogCapt
     with caplog.at_level(logging.WARNING):
         checked = store.latest(verify_checksums=True)
     assert checked is not None and checked.step == 1 and "corrupt" in caplog.text
+
+
+def test_a_damaged_checkpoint_moved_aside_keeps_its_reason_and_is_never_chosen_or_pruned(
+    tmp_path: Path,
+) -> None:
+    for step in (1, 2, 3):
+        save_all(tmp_path, step, 2, value=float(step))
+    flip_a_byte(tmp_path / step_dir_name(3) / rank_file_name(1))
+    rank0, rank1 = (CheckpointStore(tmp_path, r, 2, Checkpoint(keep_last=1), attempt="b") for r in (0, 1))
+    newest = rank1.latest()
+    assert newest is not None and newest.step == 3
+    # Only the rank whose file it is sees the damage.
+    assert rank0.damage(newest) is None
+    problem = rank1.damage(newest)
+    assert problem is not None and "rank-00001.pt has CRC32" in problem and "(corrupt)" in problem
+
+    assert rank1.move_aside(newest, f"rank 1: {problem}") is None  # only rank 0 moves
+    moved = rank0.move_aside(newest, f"rank 1: {problem}")
+    assert moved == tmp_path / DAMAGED_DIR / step_dir_name(3) and not newest.path.exists()
+    assert (moved / REASON_FILE).read_text() == f"rank 1: {problem}\nmoved aside by attempt b\n"
+    assert sorted(p.name for p in moved.iterdir()) == sorted(
+        [META_FILE, SHARED_FILE, REASON_FILE, *(f(r) for r in (0, 1) for f in (rank_file_name, marker_name))]
+    )
+
+    chosen = [info.step if (info := rank0.latest(before=before)) else None for before in (None, 2, 1)]
+    assert chosen == [2, 1, None]
+    rank0.prune()
+    assert sorted(p.name for p in tmp_path.iterdir()) == [DAMAGED_DIR, step_dir_name(2)]
+    assert (moved / rank_file_name(1)).exists()
+
+    # The same step damaged again (rewritten by a later attempt): kept beside the first.
+    save_all(tmp_path, 3, 2, attempt="c")
+    again = rank0.latest()
+    assert again is not None and again.step == 3
+    assert rank0.move_aside(again, "rank 0: again") == tmp_path / DAMAGED_DIR / f"{step_dir_name(3)}.2"
 
 
 def test_keep_last_k_and_what_prune_may_delete(tmp_path: Path) -> None:

@@ -10,12 +10,15 @@ from typing import Any
 
 import pytest
 import torch
+from checkpoint_damage import flip_a_byte
 
 from slurmddp import ResumableDistributedSampler
 from slurmddp.errors import CheckpointError, SlurmddpError
 from slurmddp.experiment.schema import Checkpoint, Ddp, Precision
 from slurmddp.job.checkpoint import CheckpointStore, capture_rng_state
+from slurmddp.job.checkpoint.io import file_crc32
 from slurmddp.job.loop import LoopRuntime, LoopState, TrainLoop, _drop_metrics_from
+from slurmddp.job.records import AttemptId, Failure
 
 # What the loop reads of a DistributedDataParallel module over two ranks.
 TWO_RANK_DDP = SimpleNamespace(
@@ -90,3 +93,52 @@ def test_an_object_the_checkpoint_lacks_is_refused_unless_it_has_no_state(tmp_pa
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     with pytest.raises(CheckpointError, match=r"no state for 'optimizer' \(it holds \['model'\]\)"):
         make_loop(tmp_path, model, optimizer=optimizer)
+
+
+def test_a_damaged_checkpoint_is_moved_aside_and_the_next_older_one_loaded(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    settings = {"accumulate": 1, "autocast": "none"}
+    model = torch.nn.Linear(2, 2)
+    save_at(tmp_path, 2, settings, model)
+    save_at(tmp_path, 4, settings, model)
+    save_at(tmp_path, 6, settings, model)
+    checkpoints = tmp_path / "checkpoints"
+    flip_a_byte(checkpoints / "step-00000006" / "rank-00000.pt")
+    # A file whose marker agrees with it but that torch cannot read: an unpickling error.
+    unreadable = checkpoints / "step-00000004" / "shared.pt"
+    unreadable.write_bytes(b"not a checkpoint")
+    marker = checkpoints / "step-00000004" / "rank-00000.done"
+    written = json.loads(marker.read_text())
+    written["files"]["shared.pt"] = {"size": 16, "crc32": file_crc32(unreadable)}
+    marker.write_text(json.dumps(written))
+
+    loop = make_loop(tmp_path, model)
+    assert loop.first_step == loop.step == 2
+    said = capsys.readouterr().out
+    assert (
+        f"skipping damaged checkpoint {checkpoints / 'step-00000006'}: rank 0: rank-00000.pt has CRC32 "
+    ) in said
+    assert f"moved to {checkpoints / 'damaged' / 'step-00000006'}" in said
+    assert (
+        f"skipping damaged checkpoint {checkpoints / 'step-00000004'}: rank 0: cannot load {unreadable}"
+        in said
+    )
+    assert f"loaded {checkpoints / 'step-00000002'}, the newest intact checkpoint" in said
+    assert sorted(p.name for p in (checkpoints / "damaged").iterdir()) == ["step-00000004", "step-00000006"]
+    reason = (checkpoints / "damaged" / "step-00000006" / "reason.txt").read_text()
+    assert reason.startswith("rank 0: rank-00000.pt has CRC32 ") and "(corrupt)" in reason
+    assert not (tmp_path / "failure.json").exists()
+
+
+def test_no_intact_checkpoint_left_ends_the_run_for_good_with_why(tmp_path: Path) -> None:
+    model = torch.nn.Linear(2, 2)
+    save_at(tmp_path, 3, {"accumulate": 1, "autocast": "none"}, model)
+    flip_a_byte(tmp_path / "checkpoints" / "step-00000003" / "shared.pt")
+    with pytest.raises(CheckpointError, match="no intact checkpoint is left in") as raised:
+        make_loop(tmp_path, model)
+    assert "step-00000003 (rank 0: shared.pt has CRC32" in str(raised.value)
+    failure = Failure.read_for(tmp_path, AttemptId("1", 0))
+    assert failure is not None and failure.retry is False and failure.error == str(raised.value)
+    # Nothing to resume from now: a resubmit trains from step 0.
+    assert make_loop(tmp_path, model).first_step == 0

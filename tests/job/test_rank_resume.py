@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from checkpoint_damage import flip_a_byte
 from conftest import QUICKSTART, worker_job_id
 from resume_train import STOP_AT_ENV
 
@@ -61,18 +62,47 @@ def attempt(
     stop_at: int = -1,
     function: str = TRAIN,
     overrides: tuple[str, ...] = (),
+    ranks: int = 1,
 ) -> dict[str, object] | None:
-    """One attempt of the rank; its result, or None when it stopped to be run again."""
+    """One attempt of `ranks` ranks on this machine; rank 0's result, or None when they stopped to
+    be run again."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", DRIVER, str(run_dir), function, str(QUICKSTART), json.dumps(overrides)],
+            env=rank_env(job_id, restart, cuda, stop_at, rank, ranks),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for rank in range(ranks)
+    ]
+    outputs = [proc.communicate(timeout=300) for proc in procs]
+    ended = [(proc.returncode, out, err) for proc, (out, err) in zip(procs, outputs, strict=True)]
+    shown = "\n".join(
+        f"rank {rank}: status {code}\n{out}{err}" for rank, (code, out, err) in enumerate(ended)
+    )
+    if all(code == LOCAL_REQUEUE_STATUS for code, _, _ in ended):
+        return None
+    assert all(code == 0 for code, _, _ in ended), shown
+    line = next(line for line in ended[0][1].splitlines() if line.startswith("RESULT "))
+    result: dict[str, object] = json.loads(line.removeprefix("RESULT "))
+    result["log"] = shown
+    return result
+
+
+def rank_env(job_id: int, restart: int, cuda: bool, stop_at: int, rank: int, ranks: int) -> dict[str, str]:
+    """Rank `rank` of `ranks` on one node, as Slurm would start it."""
     env = {
         **os.environ,
         "SLURM_JOB_ID": str(job_id),
         "SLURM_RESTART_COUNT": str(restart),
-        "SLURM_PROCID": "0",
-        "SLURM_LOCALID": "0",
+        "SLURM_PROCID": str(rank),
+        "SLURM_LOCALID": str(rank),
         "SLURM_NODEID": "0",
-        "SLURM_NTASKS": "1",
+        "SLURM_NTASKS": str(ranks),
         "SLURM_JOB_NODELIST": "localhost",
-        "SLURM_TASKS_PER_NODE": "1",
+        "SLURM_TASKS_PER_NODE": str(ranks),
         STOP_AT_ENV: str(stop_at),
         # Deterministic cuBLAS, so that two runs of the same steps agree bit for bit.
         "CUBLAS_WORKSPACE_CONFIG": ":4096:8",
@@ -80,21 +110,7 @@ def attempt(
     env.pop("CUDA_VISIBLE_DEVICES", None)
     if cuda:
         env["CUDA_VISIBLE_DEVICES"] = "0"
-    run_dir.mkdir(parents=True, exist_ok=True)
-    proc = subprocess.run(
-        [sys.executable, "-c", DRIVER, str(run_dir), function, str(QUICKSTART), json.dumps(overrides)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    if proc.returncode == LOCAL_REQUEUE_STATUS:
-        return None
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    line = next(line for line in proc.stdout.splitlines() if line.startswith("RESULT "))
-    result: dict[str, object] = json.loads(line.removeprefix("RESULT "))
-    return result
+    return env
 
 
 ON_CPU_AND_GPU = pytest.mark.parametrize(
@@ -139,3 +155,33 @@ def test_the_quickstart_stopped_mid_epoch_resumes_onto_the_uninterrupted_weights
     assert resumed is not None and 30 < stop["step"] < 44
     assert resumed["param_sha256"] == whole["param_sha256"]
     assert resumed["val_acc"] == whole["val_acc"] and resumed["val_loss"] == whole["val_loss"]
+
+
+# The uninterrupted and the damaged run's job ids, for three ranks.
+WHOLE_3, DAMAGED_3 = worker_job_id(303), worker_job_id(404)
+EVERY_5 = ("checkpoint.every_steps=5", "checkpoint.keep_last=3")
+
+
+def test_a_byte_flipped_in_one_ranks_file_of_the_newest_checkpoint_costs_only_the_steps_since_the_one_before(
+    tmp_path: Path,
+) -> None:
+    """Three ranks, of which only rank 1 reads the damaged file: all of them agree to skip it, and
+    the run ends on the uninterrupted run's weights. Before: rank 1 raised a CRC mismatch, the
+    others died in a collective, and every attempt chose the same checkpoint again."""
+    whole = attempt(tmp_path / "whole", WHOLE_3, 0, False, overrides=EVERY_5, ranks=3)
+    assert whole is not None
+    run = tmp_path / "damaged"
+    assert attempt(run, DAMAGED_3, 0, False, stop_at=11, overrides=EVERY_5, ranks=3) is None
+    checkpoints = run / "checkpoints"
+    assert sorted(p.name for p in checkpoints.iterdir()) == [f"step-{s:08d}" for s in (5, 10, 13)]
+    flip_a_byte(checkpoints / "step-00000013" / "rank-00001.pt")
+    resumed = attempt(run, DAMAGED_3, 1, False, overrides=EVERY_5, ranks=3)
+    assert resumed is not None
+    assert resumed["digest"] == whole["digest"] and resumed["loss"] == whole["loss"]
+    log = str(resumed["log"])
+    assert (
+        f"skipping damaged checkpoint {checkpoints / 'step-00000013'}: rank 1: rank-00001.pt has CRC32 "
+    ) in log
+    assert f"resumed from {checkpoints / 'step-00000010'} at step 10" in log
+    reason = (checkpoints / "damaged" / "step-00000013" / "reason.txt").read_text()
+    assert reason.startswith("rank 1: rank-00001.pt has CRC32") and "(corrupt)" in reason

@@ -19,14 +19,20 @@ it. When a step directory left by an earlier attempt is written again, each rank
 own old marker, and rank 0 rewrites meta.json before its own marker, so files of two attempts never
 add up to a "complete" checkpoint.
 
+A checkpoint that latest() chose but a rank then finds damaged at load (a CRC32 that does not match
+its marker, a file torch cannot read) is moved by rank 0 into ROOT/damaged/step-00001234/, with a
+reason.txt naming the rank and the problem (move_aside), and the training loop (job/loop.py), after
+every rank has said what it found, loads the next older one. Nothing under damaged/ is read or
+deleted by the store: latest() and prune() look only at ROOT/step-* directories.
+
 Files are read back with torch.load(weights_only=True): loading a checkpoint must not run code from
 a shared file system, and must not depend on the user's classes being importable. save() checks up
 front that the state holds only what that loader accepts, so an unloadable checkpoint fails at its
 first save instead of at resume; `capture_rng_state()` gives RNG states in such types.
 
-Modules: store (CheckpointStore: save, latest, load, prune, wait), integrity (file names and what
-counts as complete), io (checksummed atomic writes), snapshot (what may be saved, CPU copies for
-async saves), rng (RNG state in loadable types). Imports among them go one way only: store uses
+Modules: store (CheckpointStore: save, latest, load, move_aside, prune, wait), integrity (file names
+and what counts as complete), io (checksummed atomic writes), snapshot (what may be saved, CPU copies
+for async saves), rng (RNG state in loadable types). Imports among them go one way only: store uses
 integrity, io and snapshot; integrity uses io; io, snapshot and rng use none of them; none imports
 this package.
 """
@@ -45,11 +51,19 @@ from slurmddp.job.checkpoint.integrity import (
 )
 from slurmddp.job.checkpoint.io import write_stream_atomic
 from slurmddp.job.checkpoint.rng import capture_rng_state, restore_rng_state
-from slurmddp.job.checkpoint.store import CheckpointInfo, CheckpointStore, default_attempt_id
+from slurmddp.job.checkpoint.store import (
+    DAMAGED_DIR,
+    REASON_FILE,
+    CheckpointInfo,
+    CheckpointStore,
+    default_attempt_id,
+)
 
 __all__ = [
+    "DAMAGED_DIR",
     "FORMAT",
     "META_FILE",
+    "REASON_FILE",
     "SHARED_FILE",
     "STEP_DIR_RE",
     "CheckpointError",

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from slurmddp.errors import CheckpointError
 from slurmddp.experiment.schema import Checkpoint
-from slurmddp.files import fsync_dir, write_json
+from slurmddp.files import fsync_dir, write_atomic, write_json
 from slurmddp.job.checkpoint.integrity import (
     FORMAT,
     META_FILE,
@@ -43,6 +43,10 @@ if TYPE_CHECKING:
 log = logging.getLogger("slurmddp.job.checkpoint")
 
 _DELETING_PREFIX = ".deleting-"
+DAMAGED_DIR = "damaged"
+"""Where checkpoints found damaged at load are moved (ROOT/damaged/step-NNNNNNNN/)."""
+REASON_FILE = "reason.txt"
+"""In a damaged checkpoint's directory: which rank found what."""
 
 
 @dataclass(frozen=True)
@@ -240,14 +244,17 @@ class CheckpointStore:
 
     # -- finding and reading ----------------------------------------------------------------------
 
-    def latest(self, *, verify_checksums: bool = False) -> CheckpointInfo | None:
+    def latest(self, *, verify_checksums: bool = False, before: int | None = None) -> CheckpointInfo | None:
         """The newest COMPLETE checkpoint, whatever number of ranks wrote it (a run resubmitted
         onto another size resumes from it: see load()); incomplete or corrupt ones are skipped with
-        a logging warning naming the directory and what is wrong.
+        a logging warning naming the directory and what is wrong. `before`: only checkpoints of
+        earlier steps (the next older one, after one was found damaged at load).
 
         Sizes are checked always; with `verify_checksums` every file of every rank is read and its
         CRC32 checked too (the same answer on every rank, at the cost of reading everything)."""
         for step, path in self._step_dirs():
+            if before is not None and step >= before:
+                continue
             problems = checkpoint_problems(path, step, None, check_crc=verify_checksums)
             if problems:
                 log.warning("skipping checkpoint %s: %s", path, "; ".join(problems))
@@ -270,18 +277,51 @@ class CheckpointStore:
         The files are checked against their markers first (size, and CRC32 unless
         `verify_checksums` is False), so a file damaged after latest() raises CheckpointError
         instead of loading wrong values."""
-        shared_marker = read_json(info.path / marker_name(0))
-        wanted = [(SHARED_FILE, shared_marker)]
+        problem = self.damage(info, verify_checksums=verify_checksums)
+        if problem is not None:
+            raise CheckpointError(f"{info.path}: {problem}; load an older checkpoint or delete this one")
+        local = _load_dict(info.path / rank_file_name(self.rank)) if self.rank < info.world_size else {}
+        return _load_dict(info.path / SHARED_FILE), local
+
+    def damage(self, info: CheckpointInfo, *, verify_checksums: bool = True) -> str | None:
+        """What is wrong with the files this rank loads from checkpoint `info` (shared.pt and its
+        own), checked against their markers; None when they are as written."""
+        wanted = [(SHARED_FILE, read_json(info.path / marker_name(0)))]
         if self.rank < info.world_size:
             wanted.append((rank_file_name(self.rank), read_json(info.path / marker_name(self.rank))))
         for name, marker in wanted:
             if not isinstance(marker, dict) or not isinstance(marker.get("files"), dict):
-                raise CheckpointError(f"{info.path}: the marker describing {name} is missing or unreadable")
+                return f"the marker describing {name} is missing or unreadable"
             problem = file_problem(info.path, name, marker["files"].get(name), check_crc=verify_checksums)
             if problem is not None:
-                raise CheckpointError(f"{info.path}: {problem}; load an older checkpoint or delete this one")
-        local = _load_dict(info.path / rank_file_name(self.rank)) if self.rank < info.world_size else {}
-        return _load_dict(info.path / SHARED_FILE), local
+                return problem
+        return None
+
+    # -- moving aside ---------------------------------------------------------------------------
+
+    def move_aside(self, info: CheckpointInfo, reason: str) -> Path | None:
+        """Rank 0 only (None elsewhere): move checkpoint `info`, found damaged, into
+        ROOT/damaged/ with `reason` in its reason.txt, where latest() and prune() do not look and
+        nothing deletes it; where it went, or None when it could not be moved (logged: the step is
+        then skipped again by each attempt that finds it)."""
+        if self.rank != 0:
+            return None
+        damaged = self.root / DAMAGED_DIR
+        target = damaged / info.path.name
+        copies = 1
+        while target.exists():
+            copies += 1
+            target = damaged / f"{info.path.name}.{copies}"
+        try:
+            # Into the directory before it moves, so that it moves with it in one rename.
+            write_atomic(info.path / REASON_FILE, f"{reason}\nmoved aside by attempt {self.attempt}\n")
+            _make_dir(damaged)
+            info.path.rename(target)
+            fsync_dir(self.root)
+        except OSError as exc:
+            log.warning("could not move damaged checkpoint %s into %s: %s", info.path, damaged, exc)
+            return None
+        return target
 
     # -- deleting -------------------------------------------------------------------------------
 
