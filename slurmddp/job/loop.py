@@ -48,6 +48,8 @@ if TYPE_CHECKING:
 
 # Rank 0 records how far it got at most this often, for the attempt log of a crashed attempt.
 PROGRESS_EVERY_S = 2.0
+Unsaved = tuple[int, str]
+"""A checkpoint's step, and why it was not saved."""
 
 
 class StopForRequeue(BaseException):
@@ -140,6 +142,9 @@ class TrainLoop:
         self._resumed: CheckpointInfo | None = None
         self._saved_at = time.monotonic()
         self._saved_step = -1
+        self._unsettled: tuple[int, str | None] | None = None
+        """The step of the last save and this rank's problem with it, until every rank agreed on
+        how it went (an async save is agreed on at the next save, the stop, or the end)."""
         self._progress_at = 0.0
         # A stop signal arrived; a timed checkpoint is due; a telemetry record is due.
         self._flags = torch.zeros(3, dtype=torch.int32, device=runtime.device)
@@ -330,7 +335,7 @@ class TrainLoop:
             self._watchdog.rest()
         if self.rank == 0:
             self._progress(force=True)
-        self.store.wait()
+        self._say_skipped(self._settle())
         self._drain()
         if self.telemetry is not None:
             self.telemetry.finish(self.step)
@@ -394,22 +399,72 @@ class TrainLoop:
                 param.grad = None
 
     def save(self) -> None:
-        """Checkpoint the state after `self.step` steps (every rank must call it at the same step)."""
-        from slurmddp.job.checkpoint import capture_rng_state
+        """Checkpoint the state after `self.step` steps (every rank must call it at the same step).
+        A checkpoint that does not fit on the checkpoint directory's filesystem is skipped, with a
+        warning on every rank, and training goes on: the next save tries again."""
+        self._say_skipped(self._save())
+
+    def _save(self) -> Unsaved | None:
+        """Save (async: start saving) the state after `self.step` steps; why not, as every rank
+        agrees (None: saved, or being written)."""
+        from slurmddp.job.checkpoint import NoSpaceForCheckpoint, capture_rng_state
 
         if self._saved_step == self.step:
-            return
+            return None
         started = time.perf_counter()
+        self._say_skipped(self._settle())
+        # Every rank asks before any writes: once one does, the others would see less room.
+        no_room = _first(_every_rank(self.store.space_problem()))
+        if no_room is not None:
+            return self.step, no_room
         shared = None
         if self.rank == 0:
             shared = {name: obj.state_dict() for name, obj in self.objects.items()}
             shared["extra"] = dict(self.extra)
             shared["loop"] = dict(self.settings)
-        self.store.save(self.step, shared, {"rng": capture_rng_state()})
+        mine = None
+        try:
+            self.store.save(self.step, shared, {"rng": capture_rng_state()})
+        except NoSpaceForCheckpoint as exc:
+            mine = str(exc)
+        self._unsettled = (self.step, mine)
+        if not self.store.async_save:
+            unsaved = self._settle()
+            if unsaved is not None:
+                return unsaved
         self.store.prune()
         self.last_save_s = time.perf_counter() - started
         self._saved_at = time.monotonic()
         self._saved_step = self.step
+        return None
+
+    def _settle(self) -> Unsaved | None:
+        """Wait for this rank's save in flight and agree with every rank on how it went: its step
+        and the first problem a rank had (rank 0 then removes what the ranks wrote of it), or None."""
+        from slurmddp.job.checkpoint import NoSpaceForCheckpoint
+
+        if self._unsettled is None:
+            return None
+        step, mine = self._unsettled
+        self._unsettled = None
+        try:
+            self.store.wait()
+        except NoSpaceForCheckpoint as exc:
+            mine = str(exc)
+        problem = _first(_every_rank(mine))
+        if problem is None:
+            return None
+        self.store.discard(step)
+        return step, problem
+
+    def _say_skipped(self, unsaved: Unsaved | None) -> None:
+        if unsaved is not None:
+            step, problem = unsaved
+            print(
+                f"slurmddp: warning: rank {self.rank}: the checkpoint at step {step} was not saved: "
+                f"{problem}; training goes on, the next checkpoint tries again",
+                flush=True,
+            )
 
     def _boundary(self) -> None:
         import torch.distributed as tdist
@@ -418,8 +473,9 @@ class TrainLoop:
         if self.rank == 0:
             self._progress()
         if stop:
-            self.save()
-            self.store.wait()
+            unsaved = self._save() or self._settle()
+            if unsaved is not None:
+                self._end_without_stop_checkpoint(unsaved[1])
             # Every rank's files are durable past this point, so rank 0 may requeue (which ends
             # the job at once) as soon as it is out of the loop.
             tdist.barrier()
@@ -464,6 +520,16 @@ class TrainLoop:
             )
             Progress(self.step, self.attempt, time.time(), position).write(self.run_dir)
 
+    def _end_without_stop_checkpoint(self, problem: str) -> None:
+        """The checkpoint for a stop did not fit: the attempt ends as a failure with why, and the
+        requeued job resumes from the newest checkpoint there is."""
+        message = f"{problem} (the checkpoint for the stop at step {self.step} was not saved)"
+        # Every rank the same record, so that whichever rank srun's end leaves last does not matter.
+        Failure(step=self.step, rank=self.rank, error=message, attempt=self.attempt, time=time.time()).write(
+            self.run_dir, replace=True
+        )
+        raise CheckpointError(message)
+
     def _record_stop(self, signum: int) -> None:
         if self.rank == 0:
             Stop(
@@ -486,6 +552,10 @@ def _every_rank(problem: str | None) -> list[str | None]:
 
     found: list[str | None] = gather(problem)
     return found
+
+
+def _first(problems: list[str | None]) -> str | None:
+    return next((problem for problem in problems if problem is not None), None)
 
 
 def _drop_metrics_from(path: Path, step: int) -> None:

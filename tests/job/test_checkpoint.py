@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import errno
 import json
 import logging
 import multiprocessing
@@ -20,7 +21,8 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from checkpoint_damage import flip_a_byte
+from checkpoint_damage import FullDisk, flip_a_byte
+from rich.filesize import decimal
 
 from slurmddp.errors import CheckpointError
 from slurmddp.experiment.schema import Checkpoint
@@ -31,6 +33,7 @@ from slurmddp.job.checkpoint import (
     SHARED_FILE,
     CheckpointInfo,
     CheckpointStore,
+    NoSpaceForCheckpoint,
     capture_rng_state,
     default_attempt_id,
     marker_name,
@@ -38,6 +41,9 @@ from slurmddp.job.checkpoint import (
     restore_rng_state,
     step_dir_name,
 )
+from slurmddp.job.checkpoint import io as checkpoint_io
+from slurmddp.job.checkpoint import store as checkpoint_store
+from slurmddp.job.checkpoint.space import bytes_on_disk
 
 
 def assert_same(actual: Any, expected: Any, where: str = "state") -> None:
@@ -245,6 +251,59 @@ def test_a_damaged_checkpoint_moved_aside_keeps_its_reason_and_is_never_chosen_o
     again = rank0.latest()
     assert again is not None and again.step == 3
     assert rank0.move_aside(again, "rank 0: again") == tmp_path / DAMAGED_DIR / f"{step_dir_name(3)}.2"
+
+
+@pytest.mark.parametrize("async_save", [False, True])
+def test_a_save_that_meets_a_full_disk_says_so_and_leaves_the_previous_checkpoint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, async_save: bool
+) -> None:
+    settings = Checkpoint(async_save=async_save)
+    _, _, shared = trained_state()
+    rank0, rank1 = (CheckpointStore(tmp_path, r, 2, settings, attempt="a") for r in (0, 1))
+    for store in (rank1, rank0):
+        store.save(1, shared if store is rank0 else None, {"rank": store.rank})
+        store.wait()
+    size = bytes_on_disk(tmp_path / step_dir_name(1))
+    assert size >= sum(p.stat().st_size for p in (tmp_path / step_dir_name(1)).iterdir())
+    # Rank 1's part fits, rank 0's shared.pt does not: torch.save meets ENOSPC half-way through.
+    monkeypatch.setattr(checkpoint_io, "open", FullDisk(room=3000).open, raising=False)
+    monkeypatch.setattr(checkpoint_store, "free_bytes", lambda path: 2500)
+    rank1.save(2, None, {"rank": 1})
+    rank1.wait()
+    with pytest.raises(NoSpaceForCheckpoint) as raised:
+        rank0.save(2, shared, {"rank": 0})  # sync: raised here
+        rank0.wait()  # async: here
+    assert str(raised.value) == (
+        f"rank 0: no space left on {tmp_path}: 2.5 kB free, a checkpoint needs {decimal(size, precision=1)}"
+    )
+    # The OSError underneath, not torch's "unexpected pos" RuntimeError.
+    assert isinstance(raised.value.__cause__, OSError) and raised.value.__cause__.errno == errno.ENOSPC
+    step2 = tmp_path / step_dir_name(2)
+    assert not [p.name for p in step2.iterdir() if p.name.endswith(".tmp")]
+    info = rank1.latest()
+    assert info is not None and info.step == 1
+    rank1.discard(2)  # only rank 0 removes
+    assert step2.exists()
+    rank0.discard(2)
+    assert not step2.exists() and sorted(p.name for p in tmp_path.iterdir()) == [step_dir_name(1)]
+    rank0.discard(1)  # complete: kept
+    assert_same(rank0.load(info)[0], shared)
+
+
+def test_the_room_for_a_checkpoint_is_checked_against_the_newest_complete_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = CheckpointStore(tmp_path / "checkpoints", 0, 1, attempt="a")
+    assert store.space_problem() is None  # no size known yet, and no directory either
+    store.save(1, {"v": torch.zeros(100_000)}, {"rank": 0})
+    needed = bytes_on_disk(tmp_path / "checkpoints" / step_dir_name(1))
+    monkeypatch.setattr(checkpoint_store, "free_bytes", lambda path: needed)
+    assert store.space_problem() is None
+    monkeypatch.setattr(checkpoint_store, "free_bytes", lambda path: needed - 1)
+    assert store.space_problem() == (
+        f"no space left on {tmp_path / 'checkpoints'}: {decimal(needed - 1, precision=1)} free, a "
+        f"checkpoint needs {decimal(needed, precision=1)}"
+    )
 
 
 def test_keep_last_k_and_what_prune_may_delete(tmp_path: Path) -> None:

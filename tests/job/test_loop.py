@@ -10,13 +10,17 @@ from typing import Any
 
 import pytest
 import torch
-from checkpoint_damage import flip_a_byte
+from checkpoint_damage import FullDisk, flip_a_byte
+from rich.filesize import decimal
 
 from slurmddp import ResumableDistributedSampler
 from slurmddp.errors import CheckpointError, SlurmddpError
 from slurmddp.experiment.schema import Checkpoint, Ddp, Precision
 from slurmddp.job.checkpoint import CheckpointStore, capture_rng_state
+from slurmddp.job.checkpoint import io as checkpoint_io
+from slurmddp.job.checkpoint import store as checkpoint_store
 from slurmddp.job.checkpoint.io import file_crc32
+from slurmddp.job.checkpoint.space import bytes_on_disk
 from slurmddp.job.loop import LoopRuntime, LoopState, TrainLoop, _drop_metrics_from
 from slurmddp.job.records import AttemptId, Failure
 
@@ -33,12 +37,14 @@ def make_loop(
     model: torch.nn.Module,
     ddp: Ddp | None = None,
     precision: Precision | None = None,
+    checkpoint: Checkpoint | None = None,
     **objects: Any,
 ) -> TrainLoop:
-    store = CheckpointStore(run_dir / "checkpoints", rank=0, world_size=1, attempt="1-0")
+    checkpoint = checkpoint or Checkpoint()
+    store = CheckpointStore(run_dir / "checkpoints", rank=0, world_size=1, settings=checkpoint, attempt="1-0")
     return TrainLoop(
         10,
-        checkpoint=Checkpoint(),
+        checkpoint=checkpoint,
         ddp=ddp or Ddp(),
         precision=precision or Precision(),
         state=LoopState({"model": model, **objects}),
@@ -142,3 +148,61 @@ def test_no_intact_checkpoint_left_ends_the_run_for_good_with_why(tmp_path: Path
     assert failure is not None and failure.retry is False and failure.error == str(raised.value)
     # Nothing to resume from now: a resubmit trains from step 0.
     assert make_loop(tmp_path, model).first_step == 0
+
+
+def test_a_periodic_checkpoint_that_would_not_fit_is_skipped_and_the_next_one_tries_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    loop = make_loop(tmp_path, torch.nn.Linear(2, 2))
+    checkpoints = tmp_path / "checkpoints"
+    loop.step = 2
+    loop.save()
+    needed = bytes_on_disk(checkpoints / "step-00000002")
+    monkeypatch.setattr(checkpoint_store, "free_bytes", lambda path: needed - 1)
+    loop.step = 4
+    loop.save()
+    assert capsys.readouterr().out == (
+        f"slurmddp: warning: rank 0: the checkpoint at step 4 was not saved: no space left on {checkpoints}: "
+        f"{decimal(needed - 1, precision=1)} free, a checkpoint needs {decimal(needed, precision=1)}; "
+        "training goes on, the next checkpoint tries again\n"
+    )
+    monkeypatch.undo()
+    loop.step = 6
+    loop.save()
+    assert sorted(p.name for p in checkpoints.iterdir()) == ["step-00000002", "step-00000006"]
+
+
+@pytest.mark.parametrize("async_save", [False, True])
+def test_a_checkpoint_that_meets_a_full_disk_is_removed_and_the_previous_one_kept(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], async_save: bool
+) -> None:
+    model = torch.nn.Linear(2, 2)
+    loop = make_loop(tmp_path, model, checkpoint=Checkpoint(async_save=async_save))
+    checkpoints = tmp_path / "checkpoints"
+    loop.step = 2
+    loop.save()
+    loop.store.wait()
+    # Room enough by the check before the save, but not for the files: ENOSPC while writing.
+    monkeypatch.setattr(checkpoint_io, "open", FullDisk(room=500).open, raising=False)
+    loop.step = 4
+    loop.save()
+    said = capsys.readouterr().out
+    if async_save:
+        # Written in the background: how it went is agreed on at the next save (or the stop, or
+        # the end of the loop).
+        assert said == ""
+        monkeypatch.undo()
+        loop.step = 6
+        loop.save()
+        loop.store.wait()
+        said = capsys.readouterr().out
+    assert said.startswith(
+        "slurmddp: warning: rank 0: the checkpoint at step 4 was not saved: rank 0: no space left on "
+        f"{checkpoints}: "
+    )
+    needed = decimal(bytes_on_disk(checkpoints / "step-00000002"), precision=1)
+    assert said.endswith(
+        f", a checkpoint needs {needed}; training goes on, the next checkpoint tries again\n"
+    )
+    kept = ["step-00000002", "step-00000006"] if async_save else ["step-00000002"]
+    assert sorted(p.name for p in checkpoints.iterdir()) == kept

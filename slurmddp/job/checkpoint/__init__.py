@@ -25,16 +25,22 @@ reason.txt naming the rank and the problem (move_aside), and the training loop (
 every rank has said what it found, loads the next older one. Nothing under damaged/ is read or
 deleted by the store: latest() and prune() look only at ROOT/step-* directories.
 
+Before a save, space_problem() compares the free bytes of the directory's filesystem with what the
+newest complete checkpoint takes; a save that meets ENOSPC anyway raises NoSpaceForCheckpoint (the
+OSError, not the RuntimeError torch.save turns it into), and discard() lets rank 0 remove what the
+ranks left of that step once all of them are done with it.
+
 Files are read back with torch.load(weights_only=True): loading a checkpoint must not run code from
 a shared file system, and must not depend on the user's classes being importable. save() checks up
 front that the state holds only what that loader accepts, so an unloadable checkpoint fails at its
 first save instead of at resume; `capture_rng_state()` gives RNG states in such types.
 
-Modules: store (CheckpointStore: save, latest, load, move_aside, prune, wait), integrity (file names
-and what counts as complete), io (checksummed atomic writes), snapshot (what may be saved, CPU copies
-for async saves), rng (RNG state in loadable types). Imports among them go one way only: store uses
-integrity, io and snapshot; integrity uses io; io, snapshot and rng use none of them; none imports
-this package.
+Modules: store (CheckpointStore: save, latest, load, move_aside, space_problem, discard, prune,
+wait), integrity (file names and what counts as complete), io (checksummed atomic writes), snapshot
+(what may be saved, CPU copies for async saves), space (free bytes, a checkpoint's size, the error of
+one that does not fit), rng (RNG state in loadable types). Imports among them go one way only: store
+uses integrity, io, snapshot and space; integrity uses io; io, snapshot, space and rng use none of
+them; none imports this package.
 """
 
 from __future__ import annotations
@@ -51,6 +57,7 @@ from slurmddp.job.checkpoint.integrity import (
 )
 from slurmddp.job.checkpoint.io import write_stream_atomic
 from slurmddp.job.checkpoint.rng import capture_rng_state, restore_rng_state
+from slurmddp.job.checkpoint.space import NoSpaceForCheckpoint
 from slurmddp.job.checkpoint.store import (
     DAMAGED_DIR,
     REASON_FILE,
@@ -69,6 +76,7 @@ __all__ = [
     "CheckpointError",
     "CheckpointInfo",
     "CheckpointStore",
+    "NoSpaceForCheckpoint",
     "capture_rng_state",
     "default_attempt_id",
     "marker_name",

@@ -7,6 +7,7 @@ package docstring (slurmddp/job/checkpoint/__init__.py); the checks themselves l
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import shutil
@@ -35,6 +36,7 @@ from slurmddp.job.checkpoint.integrity import (
 )
 from slurmddp.job.checkpoint.io import write_stream_atomic
 from slurmddp.job.checkpoint.snapshot import PendingSave, Snapshot, prepare
+from slurmddp.job.checkpoint.space import NoSpaceForCheckpoint, bytes_on_disk, free_bytes, no_space
 
 if TYPE_CHECKING:
     import torch
@@ -180,7 +182,33 @@ class CheckpointStore:
         try:
             self._write_files(step, path, shared, local)
         except OSError as exc:
+            if exc.errno == errno.ENOSPC:
+                # This rank's temp file is gone already; the rest of the step is removed by
+                # discard(), once every rank is done with it.
+                problem = no_space(self.root, free_bytes(self.root), self._size(), path.name)
+                raise NoSpaceForCheckpoint(f"rank {self.rank}: {problem}") from exc
             raise CheckpointError(f"rank {self.rank}: cannot write checkpoint {path}: {exc}") from exc
+
+    def space_problem(self) -> str | None:
+        """Why the next checkpoint will not fit on the checkpoint directory's filesystem (its free
+        bytes are fewer than the newest complete checkpoint takes); None when it fits, or when no
+        checkpoint tells its size yet."""
+        needed = self._size()
+        if needed is None:
+            return None
+        free = free_bytes(self.root)
+        return no_space(self.root, free, needed) if free < needed else None
+
+    def _size(self) -> int | None:
+        """The bytes the newest complete checkpoint takes, None without one."""
+        for step, path in self._step_dirs():
+            if not checkpoint_problems(path, step, None, check_crc=False):
+                try:
+                    return bytes_on_disk(path)
+                except FileNotFoundError:
+                    # Pruned by rank 0 meanwhile: an older one is no better a guess.
+                    return None
+        return None
 
     def _write_files(self, step: int, path: Path, shared: Any, local: Any) -> None:
         import torch
@@ -325,6 +353,14 @@ class CheckpointStore:
 
     # -- deleting -------------------------------------------------------------------------------
 
+    def discard(self, step: int) -> None:
+        """Rank 0 only (no-op elsewhere): remove what a save of `step` that did not complete on
+        every rank left behind, unless the checkpoint is complete (kept from another attempt)."""
+        path = self.root / step_dir_name(step)
+        if self.rank != 0 or not path.is_dir() or not checkpoint_problems(path, step, None, check_crc=False):
+            return
+        _delete_dir(path, "incomplete checkpoint")
+
     def prune(self) -> None:
         """Rank 0 only (no-op elsewhere): keep the newest `keep_last` complete checkpoints, and
         delete incomplete ones OLDER than the newest complete one. Never deletes anything newer than
@@ -372,16 +408,16 @@ def _remove_extra_ranks(path: Path, meta: Mapping[str, Any], world_size: int) ->
         (path / rank_file_name(rank)).unlink(missing_ok=True)
 
 
-def _delete_dir(path: Path) -> None:
+def _delete_dir(path: Path, what: str = "old checkpoint") -> None:
     # Renamed first so that it vanishes at once; a prune killed mid-way leaves a .deleting-* that
     # nothing reads and the next prune removes.
     target = path.with_name(f"{_DELETING_PREFIX}{path.name}.{os.getpid()}")
     try:
         path.rename(target)
     except OSError as exc:
-        log.warning("could not delete old checkpoint %s: %s", path, exc)
+        log.warning("could not delete %s %s: %s", what, path, exc)
         return
-    log.info("deleted old checkpoint %s", path)
+    log.info("deleted %s %s", what, path)
     shutil.rmtree(target, ignore_errors=True)
 
 
