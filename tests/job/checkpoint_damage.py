@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import errno
 import os
+import threading
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -23,8 +24,11 @@ class FullDisk:
 
     def __init__(self, room: int) -> None:
         self.room = room
+        self.used = threading.Event()
+        """Set once a file was opened on it (by an async save's thread, maybe)."""
 
     def open(self, path: Path, mode: str) -> _LimitedFile:
+        self.used.set()
         return _LimitedFile(open(path, mode), self)
 
 

@@ -183,7 +183,8 @@ def test_a_checkpoint_that_meets_a_full_disk_is_removed_and_the_previous_one_kep
     loop.save()
     loop.store.wait()
     # Room enough by the check before the save, but not for the files: ENOSPC while writing.
-    monkeypatch.setattr(checkpoint_io, "open", FullDisk(room=500).open, raising=False)
+    disk = FullDisk(room=500)
+    monkeypatch.setattr(checkpoint_io, "open", disk.open, raising=False)
     loop.step = 4
     loop.save()
     said = capsys.readouterr().out
@@ -191,6 +192,7 @@ def test_a_checkpoint_that_meets_a_full_disk_is_removed_and_the_previous_one_kep
         # Written in the background: how it went is agreed on at the next save (or the stop, or
         # the end of the loop).
         assert said == ""
+        assert disk.used.wait(timeout=60)
         monkeypatch.undo()
         loop.step = 6
         loop.save()
