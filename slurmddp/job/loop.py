@@ -524,10 +524,16 @@ class TrainLoop:
         """The checkpoint for a stop did not fit: the attempt ends as a failure with why, and the
         requeued job resumes from the newest checkpoint there is."""
         message = f"{problem} (the checkpoint for the stop at step {self.step} was not saved)"
-        # Every rank the same record, so that whichever rank srun's end leaves last does not matter.
-        Failure(step=self.step, rank=self.rank, error=message, attempt=self.attempt, time=time.time()).write(
-            self.run_dir, replace=True
-        )
+        # Every rank the same record, so that whichever rank srun's end leaves last does not matter;
+        # the cause is what the requeue decision, and so `status`, names the failure by.
+        Failure(
+            step=self.step,
+            rank=self.rank,
+            error=message,
+            attempt=self.attempt,
+            time=time.time(),
+            cause=problem,
+        ).write(self.run_dir, replace=True)
         raise CheckpointError(message)
 
     def _record_stop(self, signum: int) -> None:

@@ -15,7 +15,8 @@ from rich.filesize import decimal
 
 from slurmddp import ResumableDistributedSampler
 from slurmddp.errors import CheckpointError, SlurmddpError
-from slurmddp.experiment.schema import Checkpoint, Ddp, Precision
+from slurmddp.experiment.schema import Checkpoint, Ddp, Precision, Requeue, Resources
+from slurmddp.job import requeue
 from slurmddp.job.checkpoint import CheckpointStore, capture_rng_state
 from slurmddp.job.checkpoint import io as checkpoint_io
 from slurmddp.job.checkpoint import store as checkpoint_store
@@ -146,6 +147,16 @@ def test_no_intact_checkpoint_left_ends_the_run_for_good_with_why(tmp_path: Path
     assert "step-00000003 (rank 0: shared.pt has CRC32" in str(raised.value)
     failure = Failure.read_for(tmp_path, AttemptId("1", 0))
     assert failure is not None and failure.retry is False and failure.error == str(raised.value)
+    # The job ends at once, with why: no failure budget is spent on finding the same again.
+    decision = requeue.decide(
+        tmp_path,
+        1,
+        {"SLURM_JOB_ID": "1", "SLURM_RESTART_COUNT": "0"},
+        requeue.Settings(Requeue(), Resources()),
+        preempt_time=lambda job: None,
+        failed_nodes=lambda nodes, since: {},
+    )
+    assert (decision.requeue, decision.message) == (False, f"{raised.value}: not retrying")
     # Nothing to resume from now: a resubmit trains from step 0.
     assert make_loop(tmp_path, model).first_step == 0
 

@@ -23,6 +23,8 @@ from conftest import QUICKSTART, worker_job_id
 from resume_train import STOP_AT_ENV
 
 from slurmddp.defaults import LOCAL_REQUEUE_STATUS
+from slurmddp.experiment.schema import Requeue, Resources
+from slurmddp.job import requeue
 from slurmddp.job.checkpoint.space import bytes_on_disk
 
 HERE = Path(__file__).resolve().parent
@@ -252,7 +254,17 @@ def test_a_full_checkpoint_disk_costs_checkpoints_but_not_the_run(
         said = rf"(rank \d: )?no space left on {re.escape(str(checkpoints))}: [\d.]+ (bytes|kB) free, "
         stop = r" \(the checkpoint for the stop at step 13 was not saved\)"
         assert re.fullmatch(said + r".*" + stop, failure["error"]), failure
-        assert "retry" not in failure, failure
+        # Retried (on Slurm: requeued) within the failure budget, named by the lack of space.
+        decision = requeue.decide(
+            run,
+            1,
+            {"SLURM_JOB_ID": str(CRAMPED_3), "SLURM_RESTART_COUNT": "0"},
+            requeue.Settings(Requeue(), Resources()),
+            preempt_time=lambda job: None,
+            failed_nodes=lambda nodes, since: {},
+        )
+        assert decision.requeue and decision.message.startswith("failure at step 13 ("), decision
+        assert f"no space left on {checkpoints}: " in decision.message, decision
         skipped = [
             f"slurmddp: warning: rank {rank}: the checkpoint at step 10 was not saved: " for rank in range(3)
         ]
