@@ -413,7 +413,7 @@ class TrainLoop:
             return None
         started = time.perf_counter()
         self._say_skipped(self._settle())
-        # Every rank asks before any writes: once one does, the others would see less room.
+        # Rank 0 asks before any rank writes, and every rank hears the answer.
         no_room = _first(_every_rank(self.store.space_problem()))
         if no_room is not None:
             return self.step, no_room

@@ -304,6 +304,8 @@ def test_the_room_for_a_checkpoint_is_checked_against_the_newest_complete_one(
         f"no space left on {tmp_path / 'checkpoints'}: {decimal(needed - 1, precision=1)} free, a "
         f"checkpoint needs {decimal(needed, precision=1)}"
     )
+    # Rank 0 answers for the filesystem they share (the loop tells every rank).
+    assert CheckpointStore(tmp_path / "checkpoints", 1, 2, attempt="a").space_problem() is None
 
 
 def test_keep_last_k_and_what_prune_may_delete(tmp_path: Path) -> None:

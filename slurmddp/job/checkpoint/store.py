@@ -124,6 +124,9 @@ class CheckpointStore:
         If a complete checkpoint already exists at `step` from another attempt (of any number of
         ranks), it is kept and this save writes nothing: replacing it would leave no complete
         checkpoint at that step while the new files are written.
+
+        A full filesystem raises NoSpaceForCheckpoint (sync: here; async: from wait()); what the
+        ranks wrote of the step stays, incomplete, until rank 0's discard().
         """
         if type(step) is not int or step < 0:
             raise CheckpointError(f"step must be an int >= 0, got {step!r}")
@@ -190,9 +193,13 @@ class CheckpointStore:
             raise CheckpointError(f"rank {self.rank}: cannot write checkpoint {path}: {exc}") from exc
 
     def space_problem(self) -> str | None:
-        """Why the next checkpoint will not fit on the checkpoint directory's filesystem (its free
-        bytes are fewer than the newest complete checkpoint takes); None when it fits, or when no
-        checkpoint tells its size yet."""
+        """Rank 0 only (None elsewhere: the ranks share the filesystem, and reading every rank's
+        marker on every rank would cost the shared filesystem ranks squared reads): why the next
+        checkpoint will not fit on the checkpoint directory's filesystem (its free bytes are fewer
+        than the newest complete checkpoint takes); None when it fits, or when no checkpoint tells
+        its size yet."""
+        if self.rank != 0:
+            return None
         needed = self._size()
         if needed is None:
             return None
