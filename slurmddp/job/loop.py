@@ -34,7 +34,6 @@ from typing import TYPE_CHECKING, Any
 
 from slurmddp.errors import CheckpointError, SlurmddpError
 from slurmddp.job import signals
-from slurmddp.job.checkpoint import DAMAGED_DIR
 from slurmddp.job.records import AttemptId, Failure, LoopProgress, Progress, Stop
 from slurmddp.layout import METRICS
 
@@ -242,6 +241,8 @@ class TrainLoop:
     def _end_without_checkpoint(self, skipped: list[str]) -> None:
         """Every checkpoint was damaged: the run ends here for good, with why. Starting from step 0
         on its own would throw the run's progress away; a requeue would find nothing better."""
+        from slurmddp.job.checkpoint import DAMAGED_DIR
+
         damaged = self.store.root / DAMAGED_DIR
         message = (
             f"no intact checkpoint is left in {self.store.root}: {'; '.join(skipped)}; each was moved "
