@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 from slurmddp.errors import CheckpointError, SlurmddpError
 from slurmddp.job import signals
-from slurmddp.job.records import AttemptId, LoopProgress, Progress, Stop
+from slurmddp.job.records import AttemptId, Failure, LoopProgress, Progress, Stop
 from slurmddp.layout import METRICS
 
 if TYPE_CHECKING:
@@ -47,6 +47,8 @@ if TYPE_CHECKING:
 
 # Rank 0 records how far it got at most this often, for the attempt log of a crashed attempt.
 PROGRESS_EVERY_S = 2.0
+Unsaved = tuple[int, str]
+"""A checkpoint's step, and why it was not saved."""
 
 
 class StopForRequeue(BaseException):
@@ -139,6 +141,9 @@ class TrainLoop:
         self._resumed: CheckpointInfo | None = None
         self._saved_at = time.monotonic()
         self._saved_step = -1
+        self._unsettled: tuple[int, str | None] | None = None
+        """The step of the last save and this rank's problem with it, until every rank agreed on
+        how it went (an async save is agreed on at the next save, the stop, or the end)."""
         self._progress_at = 0.0
         # A stop signal arrived; a timed checkpoint is due; a telemetry record is due.
         self._flags = torch.zeros(3, dtype=torch.int32, device=runtime.device)
@@ -182,10 +187,10 @@ class TrainLoop:
     def _resume(self) -> None:
         from slurmddp.job.checkpoint import restore_rng_state
 
-        info = self.store.latest()
-        if info is None:
+        found = self._load_intact()
+        if found is None:
             return
-        shared, local = self.store.load(info)
+        info, shared, local = found
         resized = info.world_size != self.store.world_size
         self._check_settings(shared.get("loop"), info, resized)
         self._apply(shared)
@@ -198,6 +203,62 @@ class TrainLoop:
             print(f"slurmddp: resumed from {info.path} at step {info.step}", flush=True)
             if resized:
                 self._say_resized(info)
+
+    def _load_intact(self) -> tuple[CheckpointInfo, dict[str, Any], dict[str, Any]] | None:
+        """The newest checkpoint that every rank loaded, with this rank's (shared, local) state;
+        None when there is none. One that any rank found damaged (its files not as their markers
+        say, or not loadable) is moved aside by rank 0 and the next older one tried, in this
+        attempt: on Slurm, each requeue would otherwise choose it again and fail the same way."""
+        skipped: list[str] = []
+        info = self.store.latest()
+        while info is not None:
+            problem = self.store.damage(info)
+            shared: dict[str, Any] = {}
+            local: dict[str, Any] = {}
+            if problem is None:
+                try:
+                    # Checked just above: the CRCs are not read twice.
+                    shared, local = self.store.load(info, verify_checksums=False)
+                except CheckpointError as exc:
+                    problem = str(exc)
+            # Every rank, whatever it found, so that all of them go on with the same checkpoint.
+            found = _every_rank(problem)
+            if not any(found):
+                if skipped and self.rank == 0:
+                    print(f"slurmddp: loaded {info.path}, the newest intact checkpoint", flush=True)
+                return info, shared, local
+            why = "; ".join(f"rank {rank}: {text}" for rank, text in enumerate(found) if text)
+            skipped.append(f"{info.path.name} ({why})")
+            moved = self.store.move_aside(info, why)
+            if self.rank == 0:
+                where = f"moved to {moved}" if moved is not None else "it could not be moved aside"
+                print(f"slurmddp: skipping damaged checkpoint {info.path}: {why}; {where}", flush=True)
+            info = self.store.latest(before=info.step)
+        if skipped:
+            self._end_without_checkpoint(skipped)
+        return None
+
+    def _end_without_checkpoint(self, skipped: list[str]) -> None:
+        """Every checkpoint was damaged: the run ends here for good, with why. Starting from step 0
+        on its own would throw the run's progress away; a requeue would find nothing better."""
+        from slurmddp.job.checkpoint import DAMAGED_DIR
+
+        damaged = self.store.root / DAMAGED_DIR
+        message = (
+            f"no intact checkpoint is left in {self.store.root}: {'; '.join(skipped)}; each was moved "
+            f"to {damaged} with its reason. Put an intact checkpoint back into {self.store.root} and "
+            "resubmit, or resubmit as it is to train from step 0"
+        )
+        # Every rank the same record, retry=False: the requeue decision ends the job at once.
+        Failure(
+            step=None,
+            rank=self.rank,
+            error=message,
+            attempt=self.attempt,
+            time=time.time(),
+            retry=False,
+        ).write(self.run_dir, replace=True)
+        raise CheckpointError(message)
 
     def _say_resized(self, info: CheckpointInfo) -> None:
         data = (
@@ -275,7 +336,7 @@ class TrainLoop:
             self._watchdog.rest()
         if self.rank == 0:
             self._progress(force=True)
-        self.store.wait()
+        self._say_skipped(self._settle())
         self._drain()
         if self.telemetry is not None:
             self.telemetry.finish(self.step)
@@ -339,22 +400,72 @@ class TrainLoop:
                 param.grad = None
 
     def save(self) -> None:
-        """Checkpoint the state after `self.step` steps (every rank must call it at the same step)."""
-        from slurmddp.job.checkpoint import capture_rng_state
+        """Checkpoint the state after `self.step` steps (every rank must call it at the same step).
+        A checkpoint that does not fit on the checkpoint directory's filesystem is skipped, with a
+        warning on every rank, and training goes on: the next save tries again."""
+        self._say_skipped(self._save())
+
+    def _save(self) -> Unsaved | None:
+        """Save (async: start saving) the state after `self.step` steps; why not, as every rank
+        agrees (None: saved, or being written)."""
+        from slurmddp.job.checkpoint import NoSpaceForCheckpoint, capture_rng_state
 
         if self._saved_step == self.step:
-            return
+            return None
         started = time.perf_counter()
+        self._say_skipped(self._settle())
+        # Rank 0 asks before any rank writes, and every rank hears the answer.
+        no_room = _first(_every_rank(self.store.space_problem()))
+        if no_room is not None:
+            return self.step, no_room
         shared = None
         if self.rank == 0:
             shared = {name: obj.state_dict() for name, obj in self.objects.items()}
             shared["extra"] = dict(self.extra)
             shared["loop"] = dict(self.settings)
-        self.store.save(self.step, shared, {"rng": capture_rng_state()})
+        mine = None
+        try:
+            self.store.save(self.step, shared, {"rng": capture_rng_state()})
+        except NoSpaceForCheckpoint as exc:
+            mine = str(exc)
+        self._unsettled = (self.step, mine)
+        if not self.store.async_save:
+            unsaved = self._settle()
+            if unsaved is not None:
+                return unsaved
         self.store.prune()
         self.last_save_s = time.perf_counter() - started
         self._saved_at = time.monotonic()
         self._saved_step = self.step
+        return None
+
+    def _settle(self) -> Unsaved | None:
+        """Wait for this rank's save in flight and agree with every rank on how it went: its step
+        and the first problem a rank had (rank 0 then removes what the ranks wrote of it), or None."""
+        from slurmddp.job.checkpoint import NoSpaceForCheckpoint
+
+        if self._unsettled is None:
+            return None
+        step, mine = self._unsettled
+        self._unsettled = None
+        try:
+            self.store.wait()
+        except NoSpaceForCheckpoint as exc:
+            mine = str(exc)
+        problem = _first(_every_rank(mine))
+        if problem is None:
+            return None
+        self.store.discard(step)
+        return step, problem
+
+    def _say_skipped(self, unsaved: Unsaved | None) -> None:
+        if unsaved is not None:
+            step, problem = unsaved
+            print(
+                f"slurmddp: warning: rank {self.rank}: the checkpoint at step {step} was not saved: "
+                f"{problem}; training goes on, the next checkpoint tries again",
+                flush=True,
+            )
 
     def _boundary(self) -> None:
         import torch.distributed as tdist
@@ -363,8 +474,9 @@ class TrainLoop:
         if self.rank == 0:
             self._progress()
         if stop:
-            self.save()
-            self.store.wait()
+            unsaved = self._save() or self._settle()
+            if unsaved is not None:
+                self._end_without_stop_checkpoint(unsaved[1])
             # Every rank's files are durable past this point, so rank 0 may requeue (which ends
             # the job at once) as soon as it is out of the loop.
             tdist.barrier()
@@ -409,6 +521,22 @@ class TrainLoop:
             )
             Progress(self.step, self.attempt, time.time(), position).write(self.run_dir)
 
+    def _end_without_stop_checkpoint(self, problem: str) -> None:
+        """The checkpoint for a stop did not fit: the attempt ends as a failure with why, and the
+        requeued job resumes from the newest checkpoint there is."""
+        message = f"{problem} (the checkpoint for the stop at step {self.step} was not saved)"
+        # Every rank the same record, so that whichever rank srun's end leaves last does not matter;
+        # the cause is what the requeue decision, and so `status`, names the failure by.
+        Failure(
+            step=self.step,
+            rank=self.rank,
+            error=message,
+            attempt=self.attempt,
+            time=time.time(),
+            cause=problem,
+        ).write(self.run_dir, replace=True)
+        raise CheckpointError(message)
+
     def _record_stop(self, signum: int) -> None:
         if self.rank == 0:
             Stop(
@@ -419,6 +547,22 @@ class TrainLoop:
                 time=time.time(),
                 save_s=round(self.last_save_s, 3),
             ).write(self.run_dir)
+
+
+def _every_rank(problem: str | None) -> list[str | None]:
+    """Each rank's `problem`, in rank order, on every rank (just this one's without a process group)."""
+    import torch.distributed as tdist
+
+    if not tdist.is_initialized():
+        return [problem]
+    from slurmddp.job.metrics import gather
+
+    found: list[str | None] = gather(problem)
+    return found
+
+
+def _first(problems: list[str | None]) -> str | None:
+    return next((problem for problem in problems if problem is not None), None)
 
 
 def _drop_metrics_from(path: Path, step: int) -> None:

@@ -16,13 +16,15 @@ The same file says when the script ended with status 0 and every exit handler it
 run: what is left after that is Python shutting down. A C++ thread that takes the GIL then is ended
 by CPython with pthread_exit, which in C++ can abort the process (`terminate called without an
 active exception`, SIGABRT) with the script's work done; pytorch/pytorch#179291 names gloo's worker
-threads, releasing a collective's tensors. The rank's process reads the mark and counts such a
-death as the completion it was.
+threads, releasing a collective's tensors. So once the mark is written the process flushes its
+standard streams and leaves with os._exit(0), without that teardown. Should it die between the mark
+and its exit, the rank's process reads the mark and counts the death as the completion it was.
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import os
 import runpy
@@ -40,26 +42,32 @@ FINISHED = b"finished"
 class Steps:
     """The optimizer steps of this attempt, written where the rank's process reads them."""
 
-    def __init__(self, path: str | None, watchdog: Any) -> None:
+    def __init__(self, path: str | None) -> None:
         self.count = 0
         self.succeeded = False
         self._pid = os.getpid()
         self._fd = os.open(path, os.O_WRONLY) if path else None
-        self._watchdog = watchdog
 
     def step(self, *_: Any) -> None:
         self.count += 1
         if self._fd is not None:
             os.pwrite(self._fd, self.count.to_bytes(8, "little"), 0)
-        if self._watchdog is not None:
-            self._watchdog.at(self.count)
 
     def at_exit(self) -> None:
-        """Registered before the script runs, so (exit handlers run last-in first-out) after the
-        script's own handlers: its trackers and loggers have flushed by now. A child the script
-        forked inherits the handler; its own end is not the script's."""
-        if self.succeeded and self._fd is not None and os.getpid() == self._pid:
+        """Registered before torch and the script are imported, so (exit handlers run last-in
+        first-out) after theirs: the script's trackers and loggers have flushed, and
+        multiprocessing has joined its children, by now. After a status of 0 the process then
+        leaves without the interpreter's teardown. A child the script forked inherits the handler;
+        its own end is not the script's."""
+        if not self.succeeded or os.getpid() != self._pid:
+            return
+        if self._fd is not None:
             os.pwrite(self._fd, FINISHED, 8)
+        for stream in (sys.stdout, sys.stderr):
+            # A script may have closed or replaced them; what cannot be flushed is lost either way.
+            with contextlib.suppress(AttributeError, OSError, ValueError):
+                stream.flush()
+        os._exit(0)
 
 
 def read_steps(path: Path) -> int | None:
@@ -106,13 +114,15 @@ def _beat_on_batches(watchdog: Any) -> None:
 
 
 def main(argv: list[str]) -> None:
+    steps = Steps(os.environ.get(STEP_FILE_ENV))
+    atexit.register(steps.at_exit)
     from torch.optim.optimizer import register_optimizer_step_post_hook
 
-    watchdog = _watchdog()
-    steps = Steps(os.environ.get(STEP_FILE_ENV), watchdog)
     register_optimizer_step_post_hook(steps.step)
-    atexit.register(steps.at_exit)
+    watchdog = _watchdog()
     if watchdog is not None:
+        # After steps.step (hooks run in the order they were registered): it reads the new count.
+        register_optimizer_step_post_hook(lambda *_: watchdog.at(steps.count))
         _beat_on_batches(watchdog)
     try:
         _run(argv)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import errno
 import json
 import logging
 import multiprocessing
@@ -20,14 +21,19 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from checkpoint_damage import FullDisk, flip_a_byte
+from rich.filesize import decimal
 
 from slurmddp.errors import CheckpointError
 from slurmddp.experiment.schema import Checkpoint
 from slurmddp.job.checkpoint import (
+    DAMAGED_DIR,
     META_FILE,
+    REASON_FILE,
     SHARED_FILE,
     CheckpointInfo,
     CheckpointStore,
+    NoSpaceForCheckpoint,
     capture_rng_state,
     default_attempt_id,
     marker_name,
@@ -35,6 +41,9 @@ from slurmddp.job.checkpoint import (
     restore_rng_state,
     step_dir_name,
 )
+from slurmddp.job.checkpoint import io as checkpoint_io
+from slurmddp.job.checkpoint import store as checkpoint_store
+from slurmddp.job.checkpoint.space import bytes_on_disk
 
 
 def assert_same(actual: Any, expected: Any, where: str = "state") -> None:
@@ -198,10 +207,7 @@ def test_missing_meta_and_mixed_attempts_do_not_count(
 def test_a_damaged_file_of_the_right_size(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     save_all(tmp_path, 1, 1)
     save_all(tmp_path, 2, 1, value=2.0)
-    local = tmp_path / step_dir_name(2) / rank_file_name(0)
-    data = bytearray(local.read_bytes())
-    data[len(data) // 2] ^= 0xFF
-    local.write_bytes(bytes(data))
+    flip_a_byte(tmp_path / step_dir_name(2) / rank_file_name(0))
     store = CheckpointStore(tmp_path, 0, 1)
     info = store.latest()  # sizes only: cheap, and the same answer on every rank
     assert info is not None and info.step == 2
@@ -210,6 +216,96 @@ def test_a_damaged_file_of_the_right_size(tmp_path: Path, caplog: pytest.LogCapt
     with caplog.at_level(logging.WARNING):
         checked = store.latest(verify_checksums=True)
     assert checked is not None and checked.step == 1 and "corrupt" in caplog.text
+
+
+def test_a_damaged_checkpoint_moved_aside_keeps_its_reason_and_is_never_chosen_or_pruned(
+    tmp_path: Path,
+) -> None:
+    for step in (1, 2, 3):
+        save_all(tmp_path, step, 2, value=float(step))
+    flip_a_byte(tmp_path / step_dir_name(3) / rank_file_name(1))
+    rank0, rank1 = (CheckpointStore(tmp_path, r, 2, Checkpoint(keep_last=1), attempt="b") for r in (0, 1))
+    newest = rank1.latest()
+    assert newest is not None and newest.step == 3
+    # Only the rank whose file it is sees the damage.
+    assert rank0.damage(newest) is None
+    problem = rank1.damage(newest)
+    assert problem is not None and "rank-00001.pt has CRC32" in problem and "(corrupt)" in problem
+
+    assert rank1.move_aside(newest, f"rank 1: {problem}") is None  # only rank 0 moves
+    moved = rank0.move_aside(newest, f"rank 1: {problem}")
+    assert moved == tmp_path / DAMAGED_DIR / step_dir_name(3) and not newest.path.exists()
+    assert (moved / REASON_FILE).read_text() == f"rank 1: {problem}\nmoved aside by attempt b\n"
+    assert sorted(p.name for p in moved.iterdir()) == sorted(
+        [META_FILE, SHARED_FILE, REASON_FILE, *(f(r) for r in (0, 1) for f in (rank_file_name, marker_name))]
+    )
+
+    chosen = [info.step if (info := rank0.latest(before=before)) else None for before in (None, 2, 1)]
+    assert chosen == [2, 1, None]
+    rank0.prune()
+    assert sorted(p.name for p in tmp_path.iterdir()) == [DAMAGED_DIR, step_dir_name(2)]
+    assert (moved / rank_file_name(1)).exists()
+
+    # The same step damaged again (rewritten by a later attempt): kept beside the first.
+    save_all(tmp_path, 3, 2, attempt="c")
+    again = rank0.latest()
+    assert again is not None and again.step == 3
+    assert rank0.move_aside(again, "rank 0: again") == tmp_path / DAMAGED_DIR / f"{step_dir_name(3)}.2"
+
+
+@pytest.mark.parametrize("async_save", [False, True])
+def test_a_save_that_meets_a_full_disk_says_so_and_leaves_the_previous_checkpoint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, async_save: bool
+) -> None:
+    settings = Checkpoint(async_save=async_save)
+    _, _, shared = trained_state()
+    rank0, rank1 = (CheckpointStore(tmp_path, r, 2, settings, attempt="a") for r in (0, 1))
+    for store in (rank1, rank0):
+        store.save(1, shared if store is rank0 else None, {"rank": store.rank})
+        store.wait()
+    size = bytes_on_disk(tmp_path / step_dir_name(1))
+    assert size >= sum(p.stat().st_size for p in (tmp_path / step_dir_name(1)).iterdir())
+    # Rank 1's part fits, rank 0's shared.pt does not: torch.save meets ENOSPC half-way through.
+    monkeypatch.setattr(checkpoint_io, "open", FullDisk(room=3000).open, raising=False)
+    monkeypatch.setattr(checkpoint_store, "free_bytes", lambda path: 2500)
+    rank1.save(2, None, {"rank": 1})
+    rank1.wait()
+    with pytest.raises(NoSpaceForCheckpoint) as raised:
+        rank0.save(2, shared, {"rank": 0})  # sync: raised here
+        rank0.wait()  # async: here
+    assert str(raised.value) == (
+        f"rank 0: no space left on {tmp_path}: 2.5 kB free, a checkpoint needs {decimal(size, precision=1)}"
+    )
+    # The OSError underneath, not torch's "unexpected pos" RuntimeError.
+    assert isinstance(raised.value.__cause__, OSError) and raised.value.__cause__.errno == errno.ENOSPC
+    step2 = tmp_path / step_dir_name(2)
+    assert not [p.name for p in step2.iterdir() if p.name.endswith(".tmp")]
+    info = rank1.latest()
+    assert info is not None and info.step == 1
+    rank1.discard(2)  # only rank 0 removes
+    assert step2.exists()
+    rank0.discard(2)
+    assert not step2.exists() and sorted(p.name for p in tmp_path.iterdir()) == [step_dir_name(1)]
+    rank0.discard(1)  # complete: kept
+    assert_same(rank0.load(info)[0], shared)
+
+
+def test_the_room_for_a_checkpoint_is_checked_against_the_newest_complete_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = CheckpointStore(tmp_path / "checkpoints", 0, 1, attempt="a")
+    assert store.space_problem() is None  # no size known yet, and no directory either
+    store.save(1, {"v": torch.zeros(100_000)}, {"rank": 0})
+    needed = bytes_on_disk(tmp_path / "checkpoints" / step_dir_name(1))
+    monkeypatch.setattr(checkpoint_store, "free_bytes", lambda path: needed)
+    assert store.space_problem() is None
+    monkeypatch.setattr(checkpoint_store, "free_bytes", lambda path: needed - 1)
+    assert store.space_problem() == (
+        f"no space left on {tmp_path / 'checkpoints'}: {decimal(needed - 1, precision=1)} free, a "
+        f"checkpoint needs {decimal(needed, precision=1)}"
+    )
+    # Rank 0 answers for the filesystem they share (the loop tells every rank).
+    assert CheckpointStore(tmp_path / "checkpoints", 1, 2, attempt="a").space_problem() is None
 
 
 def test_keep_last_k_and_what_prune_may_delete(tmp_path: Path) -> None:

@@ -52,8 +52,8 @@ for step in range(20):
 
 
 # Ends as it is told, after an exit handler of its own that shows whether the finished mark was
-# already there; "abort" ends with status 0 and then dies of SIGABRT while Python shuts down, as a
-# C++ thread taking the GIL then makes it die.
+# already there; "abort" ends with status 0 and would then die of SIGABRT while Python shuts down, as
+# a C++ thread taking the GIL then makes it die.
 ENDING = (
     """
 import atexit, os, signal, sys, types
@@ -126,7 +126,8 @@ def test_the_finished_mark_comes_after_the_scripts_exit_handlers_and_only_for_st
     steps = str(tmp_path / "steps")
     ends = [
         ("return", 0, True),
-        ("abort", -6, True),
+        # Before: status -6 (SIGABRT), the abort in the log, and the rank counting it as completed.
+        ("abort", 0, True),
         ("exit 3", 3, False),
         ("raise", 1, False),
         ("fork, then raise", 1, False),
@@ -137,6 +138,8 @@ def test_the_finished_mark_comes_after_the_scripts_exit_handlers_and_only_for_st
         assert "mark before the script's handler: False" in proc.stdout, (how, proc.stdout)
         # No optimizer step was made: the mark alone is no step count.
         assert read_steps(path) is None
+        if finished:
+            assert proc.stderr == "", (how, proc.stderr)
 
 
 def test_no_step_reads_as_none(tmp_path: Path) -> None:
@@ -165,3 +168,50 @@ def test_a_script_rank_that_hangs_is_named_with_its_blocking_line(tmp_path: Path
     failure = json.loads((run / "failure.json").read_text())
     assert failure["error"].startswith("hang: hung at step 3"), failure
     print(f"the hang was caught and the run ended {took:.0f} s after submitting")
+
+
+# A DDP script that ends with status 0 on every rank; rank 1's process would then die of SIGABRT
+# while Python shuts down, as a torch C++ thread taking the GIL then makes it die.
+DDP_DIES_IN_SHUTDOWN = (
+    """
+import atexit, os, signal, sys, types
+import torch, torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+"""
+    + DIE_IN_SHUTDOWN
+    + """
+dist.init_process_group("gloo")
+model = DistributedDataParallel(torch.nn.Linear(8, 1))
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+for step in range(3):
+    optimizer.zero_grad()
+    model(torch.ones(4, 8)).sum().backward()
+    optimizer.step()
+rank = dist.get_rank()
+atexit.register(lambda: print(f"rank {rank}: the script's exit handler ran", flush=True))
+if rank == 1:
+    die_in_shutdown()
+dist.destroy_process_group()
+"""
+)
+
+
+def test_a_finished_script_rank_leaves_before_the_teardown_that_would_abort_it(tmp_path: Path) -> None:
+    """Before: rank 1's log ended with the abort and `... died of SIGABRT while Python shut down;
+    counted as completed`."""
+    (tmp_path / "dies.py").write_text(DDP_DIES_IN_SHUTDOWN)
+    exp = tmp_path / "exp.yaml"
+    exp.write_text("entrypoint: dies.py\nresources: {tasks_per_node: 2}\n")
+    proc = slurmddp(
+        dict(os.environ), tmp_path, "submit", str(exp), "executor=local", f"output_dir={tmp_path / 'runs'}"
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "ended COMPLETED" in proc.stdout
+    run = only_run(tmp_path / "runs")
+    errs = {path.name: path.read_text() for path in (run / "logs").glob("*_log.err")}
+    outs = "".join(path.read_text() for path in (run / "logs").glob("*_log.out"))
+    assert len(errs) == 2
+    for name, text in errs.items():
+        assert "SIGABRT" not in text and "terminate called" not in text, (name, text)
+        assert "counted as completed" not in text, (name, text)
+    assert all(f"rank {rank}: the script's exit handler ran" in outs for rank in (0, 1)), outs

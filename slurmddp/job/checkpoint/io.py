@@ -29,6 +29,9 @@ class _ChecksumWriter:
         self.raw = raw
         self.size = 0
         self.crc = 0
+        self.failed: OSError | None = None
+        """The error of a write to the file (a full disk): torch.save reports it as a RuntimeError
+        of its own ("unexpected pos ..."), which says nothing of the cause."""
 
     def write(self, data: bytes | memoryview) -> int:
         # torch hands over memoryviews of its buffers: no copy on the way to the file.
@@ -36,18 +39,26 @@ class _ChecksumWriter:
         self.size += size
         if size < _OVERLAP_MIN:
             self.crc = zlib.crc32(data, self.crc)
-            return self.raw.write(data)
+            return self._write(data)
         try:
             crc = _crc_thread().submit(zlib.crc32, data, self.crc)
         except RuntimeError:
             # After the main thread ended, concurrent.futures refuses new work, but a save that
             # was left running (nobody called wait()) is still finished, just without overlap.
             self.crc = zlib.crc32(data, self.crc)
+            return self._write(data)
+        try:
+            return self._write(data)
+        finally:
+            # Waited for before returning: `data` is only guaranteed valid during this call.
+            self.crc = crc.result()
+
+    def _write(self, data: bytes | memoryview) -> int:
+        try:
             return self.raw.write(data)
-        written = self.raw.write(data)
-        # Waited for before returning: `data` is only guaranteed valid during this call.
-        self.crc = crc.result()
-        return written
+        except OSError as exc:
+            self.failed = exc
+            raise
 
     def flush(self) -> None:
         self.raw.flush()
@@ -74,6 +85,7 @@ def write_stream_atomic(path: Path, produce: Callable[[IO[bytes]], None]) -> dic
     The temp name is fixed (".NAME.tmp", opened with truncation), so a temp left by a killed
     attempt is reused instead of piling up; only one writer ever writes a given NAME."""
     tmp = path.with_name(f".{path.name}.tmp")
+    sink: _ChecksumWriter | None = None
     try:
         with open(tmp, "wb") as raw:
             sink = _ChecksumWriter(raw)
@@ -81,8 +93,10 @@ def write_stream_atomic(path: Path, produce: Callable[[IO[bytes]], None]) -> dic
             raw.flush()
             os.fsync(raw.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         tmp.unlink(missing_ok=True)
+        if sink is not None and sink.failed is not None and sink.failed is not exc:
+            raise sink.failed from exc
         raise
     return {"size": sink.size, "crc32": f"{sink.crc:08x}"}
 

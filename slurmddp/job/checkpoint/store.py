@@ -7,6 +7,7 @@ package docstring (slurmddp/job/checkpoint/__init__.py); the checks themselves l
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import shutil
@@ -19,7 +20,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from slurmddp.errors import CheckpointError
 from slurmddp.experiment.schema import Checkpoint
-from slurmddp.files import fsync_dir, write_json
+from slurmddp.files import fsync_dir, write_atomic, write_json
 from slurmddp.job.checkpoint.integrity import (
     FORMAT,
     META_FILE,
@@ -35,6 +36,7 @@ from slurmddp.job.checkpoint.integrity import (
 )
 from slurmddp.job.checkpoint.io import write_stream_atomic
 from slurmddp.job.checkpoint.snapshot import PendingSave, Snapshot, prepare
+from slurmddp.job.checkpoint.space import NoSpaceForCheckpoint, bytes_on_disk, free_bytes, no_space
 
 if TYPE_CHECKING:
     import torch
@@ -43,6 +45,10 @@ if TYPE_CHECKING:
 log = logging.getLogger("slurmddp.job.checkpoint")
 
 _DELETING_PREFIX = ".deleting-"
+DAMAGED_DIR = "damaged"
+"""Where checkpoints found damaged at load are moved (ROOT/damaged/step-NNNNNNNN/)."""
+REASON_FILE = "reason.txt"
+"""In a damaged checkpoint's directory: which rank found what."""
 
 
 @dataclass(frozen=True)
@@ -118,6 +124,9 @@ class CheckpointStore:
         If a complete checkpoint already exists at `step` from another attempt (of any number of
         ranks), it is kept and this save writes nothing: replacing it would leave no complete
         checkpoint at that step while the new files are written.
+
+        A full filesystem raises NoSpaceForCheckpoint (sync: here; async: from wait()); what the
+        ranks wrote of the step stays, incomplete, until rank 0's discard().
         """
         if type(step) is not int or step < 0:
             raise CheckpointError(f"step must be an int >= 0, got {step!r}")
@@ -176,7 +185,37 @@ class CheckpointStore:
         try:
             self._write_files(step, path, shared, local)
         except OSError as exc:
+            if exc.errno == errno.ENOSPC:
+                # This rank's temp file is gone already; the rest of the step is removed by
+                # discard(), once every rank is done with it.
+                problem = no_space(self.root, free_bytes(self.root), self._size(), path.name)
+                raise NoSpaceForCheckpoint(f"rank {self.rank}: {problem}") from exc
             raise CheckpointError(f"rank {self.rank}: cannot write checkpoint {path}: {exc}") from exc
+
+    def space_problem(self) -> str | None:
+        """Rank 0 only (None elsewhere: the ranks share the filesystem, and reading every rank's
+        marker on every rank would cost the shared filesystem ranks squared reads): why the next
+        checkpoint will not fit on the checkpoint directory's filesystem (its free bytes are fewer
+        than the newest complete checkpoint takes); None when it fits, or when no checkpoint tells
+        its size yet."""
+        if self.rank != 0:
+            return None
+        needed = self._size()
+        if needed is None:
+            return None
+        free = free_bytes(self.root)
+        return no_space(self.root, free, needed) if free < needed else None
+
+    def _size(self) -> int | None:
+        """The bytes the newest complete checkpoint takes, None without one."""
+        for step, path in self._step_dirs():
+            if not checkpoint_problems(path, step, None, check_crc=False):
+                try:
+                    return bytes_on_disk(path)
+                except FileNotFoundError:
+                    # Pruned by rank 0 meanwhile: an older one is no better a guess.
+                    return None
+        return None
 
     def _write_files(self, step: int, path: Path, shared: Any, local: Any) -> None:
         import torch
@@ -240,14 +279,17 @@ class CheckpointStore:
 
     # -- finding and reading ----------------------------------------------------------------------
 
-    def latest(self, *, verify_checksums: bool = False) -> CheckpointInfo | None:
+    def latest(self, *, verify_checksums: bool = False, before: int | None = None) -> CheckpointInfo | None:
         """The newest COMPLETE checkpoint, whatever number of ranks wrote it (a run resubmitted
         onto another size resumes from it: see load()); incomplete or corrupt ones are skipped with
-        a logging warning naming the directory and what is wrong.
+        a logging warning naming the directory and what is wrong. `before`: only checkpoints of
+        earlier steps (the next older one, after one was found damaged at load).
 
         Sizes are checked always; with `verify_checksums` every file of every rank is read and its
         CRC32 checked too (the same answer on every rank, at the cost of reading everything)."""
         for step, path in self._step_dirs():
+            if before is not None and step >= before:
+                continue
             problems = checkpoint_problems(path, step, None, check_crc=verify_checksums)
             if problems:
                 log.warning("skipping checkpoint %s: %s", path, "; ".join(problems))
@@ -270,20 +312,61 @@ class CheckpointStore:
         The files are checked against their markers first (size, and CRC32 unless
         `verify_checksums` is False), so a file damaged after latest() raises CheckpointError
         instead of loading wrong values."""
-        shared_marker = read_json(info.path / marker_name(0))
-        wanted = [(SHARED_FILE, shared_marker)]
+        problem = self.damage(info, verify_checksums=verify_checksums)
+        if problem is not None:
+            raise CheckpointError(f"{info.path}: {problem}; load an older checkpoint or delete this one")
+        local = _load_dict(info.path / rank_file_name(self.rank)) if self.rank < info.world_size else {}
+        return _load_dict(info.path / SHARED_FILE), local
+
+    def damage(self, info: CheckpointInfo, *, verify_checksums: bool = True) -> str | None:
+        """What is wrong with the files this rank loads from checkpoint `info` (shared.pt and its
+        own), checked against their markers; None when they are as written."""
+        wanted = [(SHARED_FILE, read_json(info.path / marker_name(0)))]
         if self.rank < info.world_size:
             wanted.append((rank_file_name(self.rank), read_json(info.path / marker_name(self.rank))))
         for name, marker in wanted:
             if not isinstance(marker, dict) or not isinstance(marker.get("files"), dict):
-                raise CheckpointError(f"{info.path}: the marker describing {name} is missing or unreadable")
+                return f"the marker describing {name} is missing or unreadable"
             problem = file_problem(info.path, name, marker["files"].get(name), check_crc=verify_checksums)
             if problem is not None:
-                raise CheckpointError(f"{info.path}: {problem}; load an older checkpoint or delete this one")
-        local = _load_dict(info.path / rank_file_name(self.rank)) if self.rank < info.world_size else {}
-        return _load_dict(info.path / SHARED_FILE), local
+                return problem
+        return None
+
+    # -- moving aside ---------------------------------------------------------------------------
+
+    def move_aside(self, info: CheckpointInfo, reason: str) -> Path | None:
+        """Rank 0 only (None elsewhere): move checkpoint `info`, found damaged, into
+        ROOT/damaged/ with `reason` in its reason.txt, where latest() and prune() do not look and
+        nothing deletes it; where it went, or None when it could not be moved (logged: the step is
+        then skipped again by each attempt that finds it)."""
+        if self.rank != 0:
+            return None
+        damaged = self.root / DAMAGED_DIR
+        target = damaged / info.path.name
+        copies = 1
+        while target.exists():
+            copies += 1
+            target = damaged / f"{info.path.name}.{copies}"
+        try:
+            # Into the directory before it moves, so that it moves with it in one rename.
+            write_atomic(info.path / REASON_FILE, f"{reason}\nmoved aside by attempt {self.attempt}\n")
+            _make_dir(damaged)
+            info.path.rename(target)
+            fsync_dir(self.root)
+        except OSError as exc:
+            log.warning("could not move damaged checkpoint %s into %s: %s", info.path, damaged, exc)
+            return None
+        return target
 
     # -- deleting -------------------------------------------------------------------------------
+
+    def discard(self, step: int) -> None:
+        """Rank 0 only (no-op elsewhere): remove what a save of `step` that did not complete on
+        every rank left behind, unless the checkpoint is complete (kept from another attempt)."""
+        path = self.root / step_dir_name(step)
+        if self.rank != 0 or not path.is_dir() or not checkpoint_problems(path, step, None, check_crc=False):
+            return
+        _delete_dir(path, "incomplete checkpoint")
 
     def prune(self) -> None:
         """Rank 0 only (no-op elsewhere): keep the newest `keep_last` complete checkpoints, and
@@ -332,16 +415,16 @@ def _remove_extra_ranks(path: Path, meta: Mapping[str, Any], world_size: int) ->
         (path / rank_file_name(rank)).unlink(missing_ok=True)
 
 
-def _delete_dir(path: Path) -> None:
+def _delete_dir(path: Path, what: str = "old checkpoint") -> None:
     # Renamed first so that it vanishes at once; a prune killed mid-way leaves a .deleting-* that
     # nothing reads and the next prune removes.
     target = path.with_name(f"{_DELETING_PREFIX}{path.name}.{os.getpid()}")
     try:
         path.rename(target)
     except OSError as exc:
-        log.warning("could not delete old checkpoint %s: %s", path, exc)
+        log.warning("could not delete %s %s: %s", what, path, exc)
         return
-    log.info("deleted old checkpoint %s", path)
+    log.info("deleted %s %s", what, path)
     shutil.rmtree(target, ignore_errors=True)
 
 
