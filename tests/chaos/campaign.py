@@ -34,7 +34,7 @@ sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve
 from conftest import LAB_DOWN, LAB_UP, QUICKSTART, ROOT, lab_exports, run_dirs, wait_for_job  # noqa: E402
 from faults import FAULTS, Injected, Trial, slurmddp  # noqa: E402
 from lab_control import LabDaemons  # noqa: E402
-from run_view import CheckpointLedger, FaultMissed, begins, step_times  # noqa: E402
+from run_view import CheckpointLedger, FaultMissed, begins, ends, step_times  # noqa: E402
 
 EPOCHS = 24
 """528 steps: an uninterrupted run trains ~15 s on the lab, ~25 s with its start."""
@@ -46,8 +46,9 @@ SETTINGS = (
     f"checkpoint.every_steps={EVERY_STEPS}",
     f"checkpoint.keep_last={KEEP_LAST}",
 )
-FIRST_TARGET, LAST_TARGET = 30, 450
-"""Faults aim at a step drawn from this range (of 528)."""
+FIRST_TARGET, LAST_TARGET = 30, 360
+"""Faults aim at a step drawn from this range (of 528): the stop signal takes 1-3 s to land, and
+the run must not be over by then."""
 TRIAL_TIMEOUT_S = 300
 FULL_DISK_KB = (1200, 2000, 2800)
 """Sizes of the small tmpfs: a checkpoint is ~750 KB, so the 2nd, 3rd or 4th save finds it full."""
@@ -61,6 +62,8 @@ class Outcome:
     note: str
     state: str
     attempts: int
+    ends: list[str]
+    """How each attempt ended (attempts.jsonl), in order."""
     bit_identical: bool
     reason: str
     """The run's last end, as `slurmddp status` shows it."""
@@ -166,6 +169,7 @@ def run_trial(
             note=injected.note,
             state=state,
             attempts=int(shown["attempts"]),
+            ends=[end.reason for end in ends(run)],
             bit_identical=state == "COMPLETED" and final_digest(run) == reference,
             reason=str(shown.get("last_end") or ""),
             lost=ledger.lost(KEEP_LAST, injected.damaged),
@@ -248,8 +252,8 @@ def line(o: Outcome) -> str:
     )
     lost = f", LOST complete checkpoints {o.lost}" if o.lost else ""
     return (
-        f"  [{'pass' if o.passed else 'FAIL'}] trial {o.index} {o.fault}: {o.note}; {o.attempts} attempt(s), "
-        f"{verdict}; recovered in {recover}{lost}; {o.seconds:.0f} s"
+        f"  [{'pass' if o.passed else 'FAIL'}] trial {o.index} {o.fault}: {o.note}; "
+        f"attempts ended {'/'.join(o.ends)}, {verdict}; recovered in {recover}{lost}; {o.seconds:.0f} s"
     )
 
 
@@ -257,8 +261,8 @@ def table(outcomes: Sequence[Outcome]) -> str:
     """Markdown: per fault, trials, survived bit-identical, other final reasons, time to recover."""
     rows = [
         "| fault | trials | survived bit-identical | final reason otherwise "
-        "| time to recover (median, range) | complete checkpoints lost |",
-        "|---|---|---|---|---|---|",
+        "| time to recover (median, range) | attempts ended | complete checkpoints lost |",
+        "|---|---|---|---|---|---|---|",
     ]
     for kind in sorted({o.fault for o in outcomes}):
         mine = [o for o in outcomes if o.fault == kind]
@@ -268,7 +272,9 @@ def table(outcomes: Sequence[Outcome]) -> str:
         recover = f"{statistics.median(times):.1f} s ({min(times):.1f}-{max(times):.1f})" if times else "-"
         lost = sum(len(o.lost) for o in mine)
         survived = sum(o.bit_identical for o in mine)
-        rows.append(f"| {kind} | {len(mine)} | {survived} | {reasons} | {recover} | {lost} |")
+        shapes = Counter("/".join(o.ends) for o in mine)
+        attempts = "; ".join(f"{n} x {shape}" for shape, n in shapes.most_common())
+        rows.append(f"| {kind} | {len(mine)} | {survived} | {reasons} | {recover} | {attempts} | {lost} |")
     return "\n".join(rows)
 
 

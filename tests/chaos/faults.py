@@ -147,14 +147,24 @@ def restart_slurmctld_running(trial: Trial) -> Injected:
     return Injected(at, f"slurmctld restarted at step {step} ({time.time() - at:.1f} s)")
 
 
-def restart_slurmctld_pending(trial: Trial) -> Injected:
+def preempted(trial: Trial) -> int:
+    """`slurmddp interrupt --preempt` at the target step; the step the attempt stopped at, once
+    it ended and the job went back to the queue."""
     wait_for_step(trial.run, trial.target_step)
     interrupt(trial)
     wait_for("the preempted attempt's end", lambda: len(ends(trial.run)) >= 1, trial.run)
+    first = ends(trial.run)[0]
+    if not first.requeue:
+        raise FaultMissed(f"the stop came too late: the attempt ended {first.reason}")
+    return int(first.step or 0)
+
+
+def restart_slurmctld_pending(trial: Trial) -> Injected:
+    step = preempted(trial)
     wait_for("the requeued job pending", lambda: queue_state(trial) == "PENDING", trial.run, timeout=30)
     at = time.time()
     trial.lab.restart_slurmctld()
-    return Injected(at, f"preempted at step {ends(trial.run)[0].step}; slurmctld restarted while pending")
+    return Injected(at, f"preempted at step {step}; slurmctld restarted while pending")
 
 
 def stop_during_save(trial: Trial) -> Injected:
@@ -196,9 +206,7 @@ def preempt_first_second(trial: Trial) -> Injected:
 
 
 def flip_a_byte(trial: Trial) -> Injected:
-    wait_for_step(trial.run, trial.target_step)
-    interrupt(trial)
-    wait_for("the preempted attempt's end", lambda: len(ends(trial.run)) >= 1, trial.run)
+    preempted(trial)
     if len(begins(trial.run)) > 1:
         raise FaultMissed("the next attempt began before the byte could be flipped")
     newest = max(step_dirs(trial.checkpoints))

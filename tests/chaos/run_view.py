@@ -130,12 +130,12 @@ class CheckpointLedger:
         self.seen |= self.complete()
 
     def lost(self, keep_last: int, damaged_on_purpose: frozenset[int]) -> list[int]:
-        """Complete checkpoints gone at the end that pruning (keep_last newer complete ones) does
-        not explain; the ones the fault itself damaged do not count."""
+        """Complete checkpoints gone at the end that pruning does not explain (it deletes one only
+        once `keep_last` newer ones were complete); the ones the fault itself damaged do not count."""
         final = self.complete()
         self.seen |= final
         return sorted(
             step
             for step in self.seen - final - damaged_on_purpose
-            if sum(1 for kept in final if kept > step) < keep_last
+            if sum(1 for newer in self.seen if newer > step) < keep_last
         )
