@@ -20,6 +20,7 @@ from lab_control import LabDaemons
 from run_view import FaultMissed, begins, ends, last_step, rank_pids, wait_for, wait_for_step
 
 from slurmddp.cluster import hostlist
+from slurmddp.job.records import AttemptId, Stop
 
 RANKS = 4
 NODES = 2
@@ -94,6 +95,14 @@ class GatedInterrupt:
             text=True,
         )
 
+    def wait_ready(self, run: Path) -> None:
+        """Until its scancel waits at the gate."""
+        wait_for(
+            "the interrupt at its gate", lambda: self.ready.exists() or self.proc.poll() is not None, run, 60
+        )
+        if not self.ready.exists():
+            raise FaultMissed(f"interrupt ended before its scancel: {self.result()}")
+
     def open(self) -> float:
         self.gate.touch()
         return time.time()
@@ -107,11 +116,12 @@ def kill_one_rank(trial: Trial) -> Injected:
     wait_for_step(trial.run, trial.target_step)
     rank = trial.rng.randrange(RANKS)
     pids = rank_pids(trial.run, rank=rank)
-    if not pids:
-        raise FaultMissed(f"no process of rank {rank}")
+    # The rank itself, not its loader workers (forked: the same command line and environment).
+    main = [pid for pid in pids if parent(pid) not in pids]
+    if len(main) != 1:
+        raise FaultMissed(f"rank {rank} has processes {pids}, of which {main} are not a worker")
     step = last_step(trial.run)
-    for pid in pids:
-        os.kill(pid, signal.SIGKILL)
+    os.kill(main[0], signal.SIGKILL)
     return Injected(time.time(), f"SIGKILL rank {rank} at step {step}")
 
 
@@ -124,7 +134,10 @@ def kill_a_node(trial: Trial) -> Injected:
     step = last_step(trial.run)
     for pid in pids:
         os.kill(pid, signal.SIGKILL)
-    return Injected(time.time(), f"SIGKILL the {len(pids)} ranks of node index {node} at step {step}")
+    return Injected(
+        time.time(),
+        f"SIGKILL the {len(pids)} processes (ranks, loader workers) of node index {node} at step {step}",
+    )
 
 
 def restart_slurmd(trial: Trial) -> Injected:
@@ -168,21 +181,35 @@ def restart_slurmctld_pending(trial: Trial) -> Injected:
 
 
 def stop_during_save(trial: Trial) -> Injected:
-    gated = GatedInterrupt(trial, "stop")
     wait_for_step(trial.run, trial.target_step)
+    gated = GatedInterrupt(trial, "stop")
+    gated.wait_ready(trial.run)
     saved = set(step_dirs(trial.checkpoints))
     wait_for(
         "a save in progress", lambda: saving(trial.checkpoints, saved) is not None, trial.run, timeout=60
     )
     at = gated.open()
     step = saving(trial.checkpoints, saved)
-    return Injected(at, f"stop signal while step-{step} was being saved ({gated.result()})")
+    sent = gated.result()
+    wait_for("the stopped attempt's end", lambda: bool(ends(trial.run)), trial.run)
+    stop = Stop.read_for(trial.run, AttemptId(trial.job_id, 0))
+    folder = trial.checkpoints / f"step-{step:08d}"
+    finished = max((f.stat().st_mtime for f in folder.iterdir()), default=0.0) if folder.is_dir() else 0.0
+    if stop is None or stop.signal_at is None or not finished:
+        landed = "no stop recorded"
+    elif stop.signal_at <= finished:
+        landed = f"landed in the save, {1000 * (finished - stop.signal_at):.0f} ms before its last file"
+    else:
+        landed = f"landed {1000 * (stop.signal_at - finished):.0f} ms after the save's last file"
+    return Injected(at, f"stop signal while step-{step} was being saved ({sent}; {landed})")
 
 
 def stop_twice(trial: Trial) -> Injected:
-    first, second = GatedInterrupt(trial, "first"), GatedInterrupt(trial, "second")
     gap_s = trial.rng.uniform(0.1, 0.9)
     wait_for_step(trial.run, trial.target_step)
+    first, second = GatedInterrupt(trial, "first"), GatedInterrupt(trial, "second")
+    first.wait_ready(trial.run)
+    second.wait_ready(trial.run)
     step = last_step(trial.run)
     at = first.open()
     time.sleep(gap_s)
@@ -226,6 +253,13 @@ def flip_a_byte(trial: Trial) -> Injected:
 def disk_already_small(trial: Trial) -> Injected:
     """The checkpoint directory is a small tmpfs from the start (see full_disk_overrides)."""
     return Injected(None, f"checkpoints on a tmpfs of {disk_size(trial.checkpoints) // 1024} KB")
+
+
+def parent(pid: int) -> int:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return 0
 
 
 def queue_state(trial: Trial) -> str:
