@@ -191,6 +191,8 @@ def stop_during_save(trial: Trial) -> Injected:
     at = gated.open()
     step = saving(trial.checkpoints, saved)
     sent = gated.result()
+    if sent != "sent":
+        raise FaultMissed(f"the stop signal was not sent: {sent}")
     wait_for("the stopped attempt's end", lambda: bool(ends(trial.run)), trial.run)
     stop = Stop.read_for(trial.run, AttemptId(trial.job_id, 0))
     folder = trial.checkpoints / f"step-{step:08d}"

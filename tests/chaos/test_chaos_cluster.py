@@ -14,9 +14,11 @@ from conftest import Labs, lab_generations
 pytestmark = pytest.mark.slurm
 
 GENERATION = "24.11"
-SEED, TRIALS = 0, 0
-"""Chosen for the kinds its first trials cover (KINDS) within about 4 minutes with the reference."""
-KINDS: list[str] = []
+SEED, TRIALS = 1272, 4
+"""Chosen for the kinds its first trials cover (KINDS), about 4 minutes with the reference run:
+a dead node's ranks, and the Slurm daemons that no other lab test takes down (preemption and a
+killed rank are tested in tests/job/test_resume_cluster.py and test_training_cluster.py)."""
+KINDS = ["node-kill", "slurmctld-running", "slurmd-restart", "slurmctld-pending"]
 
 
 def test_fixed_seeds_survive_bit_identical_or_name_the_fault(
