@@ -234,6 +234,7 @@ def campaign(
     env: Mapping[str, str], workdir: Path, seed: int, trials: int, only: str | None = None
 ) -> list[Outcome]:
     print(f"seed {seed}: {trials} trial(s); replay with --seed {seed} --trials {trials}", flush=True)
+    settle(LabDaemons(env))
     reference = reference_digest(env, workdir)
     outcomes = []
     for index, kind in enumerate(schedule(seed, trials, only)):
