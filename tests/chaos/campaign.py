@@ -187,13 +187,13 @@ def run_trial(
 
 @contextmanager
 def watching(ledger: CheckpointLedger) -> Iterator[None]:
-    """The run's complete checkpoints noted every 0.2 s while the body runs."""
+    """The run's complete checkpoints noted every 0.1 s while the body runs."""
     done = threading.Event()
 
     def watch() -> None:
         while not done.is_set():
             ledger.poll()
-            done.wait(0.2)
+            done.wait(0.1)
 
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()

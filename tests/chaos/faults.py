@@ -17,7 +17,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from lab_control import LabDaemons
-from run_view import FaultMissed, begins, ends, last_step, rank_pids, wait_for, wait_for_step
+from run_view import (
+    CheckpointLedger,
+    FaultMissed,
+    begins,
+    ends,
+    last_step,
+    rank_pids,
+    wait_for,
+    wait_for_step,
+)
 
 from slurmddp.cluster import hostlist
 from slurmddp.job.records import AttemptId, Stop
@@ -238,7 +247,10 @@ def flip_a_byte(trial: Trial) -> Injected:
     preempted(trial)
     if len(begins(trial.run)) > 1:
         raise FaultMissed("the next attempt began before the byte could be flipped")
+    complete = CheckpointLedger(trial.checkpoints).complete()
     newest = max(step_dirs(trial.checkpoints))
+    if newest not in complete:
+        raise FaultMissed(f"the newest checkpoint, step {newest}, is not complete")
     folder = trial.checkpoints / f"step-{newest:08d}"
     target = trial.rng.choice(sorted(folder.glob("*.pt")))
     data = bytearray(target.read_bytes())

@@ -131,9 +131,10 @@ class CheckpointLedger:
 
     def lost(self, keep_last: int, damaged_on_purpose: frozenset[int]) -> list[int]:
         """Complete checkpoints gone at the end that pruning does not explain (it deletes one only
-        once `keep_last` newer ones were complete); the ones the fault itself damaged do not count."""
+        once `keep_last` newer ones were complete); the ones the fault itself damaged (complete
+        until then) do not count."""
         final = self.complete()
-        self.seen |= final
+        self.seen |= final | damaged_on_purpose
         return sorted(
             step
             for step in self.seen - final - damaged_on_purpose

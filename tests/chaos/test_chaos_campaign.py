@@ -44,6 +44,7 @@ def test_pruning_loses_nothing_but_damage_and_removal_do(tmp_path: Path) -> None
     shared.write_bytes(bytes(data))
     assert ledger.complete() == {30}, "a flipped byte makes it incomplete (CRC32)"
     assert ledger.lost(2, frozenset({40})) == []
+    assert CheckpointLedger(tmp_path).lost(2, frozenset({40})) == [], "complete until damaged on purpose"
     assert ledger.lost(2, frozenset()) == [40]
 
 
