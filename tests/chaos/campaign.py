@@ -231,13 +231,13 @@ def settle(lab: LabDaemons) -> None:
 
 
 def campaign(
-    env: Mapping[str, str], workdir: Path, seed: int, trials: int, only: str | None = None
+    env: Mapping[str, str], workdir: Path, seed: int, trials: int, only: str | None = None, first: int = 0
 ) -> list[Outcome]:
     print(f"seed {seed}: {trials} trial(s); replay with --seed {seed} --trials {trials}", flush=True)
     settle(LabDaemons(env))
     reference = reference_digest(env, workdir)
     outcomes = []
-    for index, kind in enumerate(schedule(seed, trials, only)):
+    for index, kind in list(enumerate(schedule(seed, trials, only)))[first:]:
         outcome = run_trial(env, workdir, seed, index, kind, reference)
         outcomes.append(outcome)
         print(line(outcome), flush=True)
@@ -296,6 +296,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=None, help="default: drawn, and printed")
     parser.add_argument("--trials", type=int, default=len(FAULTS))
     parser.add_argument("--fault", choices=sorted(FAULTS), help="only this kind")
+    parser.add_argument("--from-trial", type=int, default=0, help="go on from this trial of the schedule")
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/slurmddp-chaos"))
     parser.add_argument("--keep-lab", action="store_true", help="leave the lab up afterwards")
     args = parser.parse_args(argv)
@@ -308,7 +309,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for name in ("XDG_STATE_HOME", "XDG_CONFIG_HOME", "XDG_DATA_HOME"):
         env[name] = str(args.workdir / name.lower())
     try:
-        outcomes = campaign(env, args.workdir, seed, args.trials, args.fault)
+        outcomes = campaign(env, args.workdir, seed, args.trials, args.fault, args.from_trial)
     finally:
         if not args.keep_lab:
             lab = {**os.environ, "SLURMDDP_LAB_SLURM": generation, "SLURMDDP_LAB_INSTANCE": instance}

@@ -83,16 +83,19 @@ def interrupt(trial: Trial) -> float:
 
 class GatedInterrupt:
     """`slurmddp interrupt RUN --preempt` started ahead, its `scancel` held until open(): the
-    interpreter's start-up (a second) would otherwise decide when the signal lands."""
+    interpreter's start-up (a second) would otherwise decide when the signal lands. Start it
+    while the job runs (interrupt refuses a pending job)."""
 
     def __init__(self, trial: Trial, name: str) -> None:
         self.gate = trial.scratch / f"{name}.open"
+        self.ready = trial.scratch / f"{name}.ready"
         folder = trial.scratch / f"{name}-bin"
         folder.mkdir(parents=True)
         real = shutil.which("scancel", path=trial.env.get("PATH"))
         script = folder / "scancel"
         script.write_text(
-            f'#!/bin/sh\nwhile [ ! -e "{self.gate}" ]; do sleep 0.002; done\nexec "{real}" "$@"\n'
+            f'#!/bin/sh\ntouch "{self.ready}"\nwhile [ ! -e "{self.gate}" ]; do sleep 0.002; done\n'
+            f'exec "{real}" "$@"\n'
         )
         script.chmod(0o755)
         env = {**trial.env, "PATH": f"{folder}:{trial.env.get('PATH', '')}"}
