@@ -197,11 +197,15 @@ def stop_during_save(trial: Trial) -> Injected:
     gated = GatedInterrupt(trial, "stop")
     gated.wait_ready(trial.run)
     saved = set(step_dirs(trial.checkpoints))
-    wait_for(
-        "a save in progress", lambda: saving(trial.checkpoints, saved) is not None, trial.run, timeout=60
-    )
+    found: list[int] = []
+
+    def in_progress() -> bool:
+        found[:] = [step for step in [saving(trial.checkpoints, saved)] if step is not None]
+        return bool(found)
+
+    wait_for("a save in progress", in_progress, trial.run, timeout=60)
     at = gated.open()
-    step = saving(trial.checkpoints, saved)
+    step = found[0]
     sent = gated.result()
     if sent != "sent":
         raise FaultMissed(f"the stop signal was not sent: {sent}")
