@@ -173,7 +173,8 @@ def test_dryrun_shows_the_script_that_is_submitted(
     ("override", "needle"),
     [
         ("resources.partition=nosuch", "invalid partition"),
-        ("resources.nodes=9", "node configuration"),
+        # 8 nodes: the lab has 3, and 16 ranks split the quickstart's global batch of 64.
+        ("resources.nodes=8", "node configuration"),
         ("resources.cpus_per_task=64", "node configuration"),
         ("resources.sbatch={bogus-option: 1}", "unrecognized option"),
     ],
