@@ -462,15 +462,33 @@ def write_sweep(tmp_path: Path, sweep: str, extra: str = "") -> Path:
     return exp
 
 
-def local_rank_pids(run: Path) -> list[int]:
-    """PIDs of the rank processes of `run` (started by this test's submission)."""
+def parent_pid(pid: int) -> int:
+    """The parent of `pid`; 0 when it is gone."""
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+def rank_pids(run: Path, *, rank: int | None = None, node: int | None = None) -> list[int]:
+    """PIDs of the rank processes of `run` (started by this test's submission, locally or as a
+    job step's tasks), of one rank or one node index. A rank's forked loader workers share its
+    command line and environment: they are among them."""
     logs = str(run / "logs").encode()
+    wanted = []
+    if rank is not None:
+        wanted.append(f"SLURM_PROCID={rank}".encode())
+    if node is not None:
+        wanted.append(f"SLURM_NODEID={node}".encode())
     pids = []
     for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
         try:
             cmdline = (entry / "cmdline").read_bytes().split(b"\0")
+            environ = (entry / "environ").read_bytes().split(b"\0") if wanted else []
         except OSError:
             continue
-        if b"submitit.core._submit" in cmdline and logs in cmdline:
+        if b"submitit.core._submit" in cmdline and logs in cmdline and all(w in environ for w in wanted):
             pids.append(int(entry.name))
     return pids

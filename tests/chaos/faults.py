@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from conftest import parent_pid, rank_pids
 from lab_control import LabDaemons
 from run_view import (
     CheckpointLedger,
@@ -23,7 +24,6 @@ from run_view import (
     begins,
     ends,
     last_step,
-    rank_pids,
     wait_for,
     wait_for_step,
 )
@@ -129,7 +129,7 @@ def kill_one_rank(trial: Trial) -> Injected:
     rank = trial.rng.randrange(RANKS)
     pids = rank_pids(trial.run, rank=rank)
     # The rank itself, not its loader workers (forked: the same command line and environment).
-    main = [pid for pid in pids if parent(pid) not in pids]
+    main = [pid for pid in pids if parent_pid(pid) not in pids]
     if len(main) != 1:
         raise FaultMissed(f"rank {rank} has processes {pids}, of which {main} are not a worker")
     step = last_step(trial.run)
@@ -274,13 +274,6 @@ def flip_a_byte(trial: Trial) -> Injected:
 def disk_already_small(trial: Trial) -> Injected:
     """The checkpoint directory is a small tmpfs from the start (see full_disk_overrides)."""
     return Injected(None, f"checkpoints on a tmpfs of {disk_size(trial.checkpoints) // 1024} KB")
-
-
-def parent(pid: int) -> int:
-    try:
-        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-    except (OSError, IndexError, ValueError):
-        return 0
 
 
 def queue_state(trial: Trial) -> str:

@@ -70,28 +70,6 @@ def wait_for_step(run: Path, step: int) -> None:
     wait_for(f"step {step}", lambda: last_step(run) >= step, run)
 
 
-def rank_pids(run: Path, *, rank: int | None = None, node: int | None = None) -> list[int]:
-    """PIDs of the rank processes of `run` (the job step's tasks), of one rank or one node index."""
-    logs = str(run / "logs").encode()
-    wanted = []
-    if rank is not None:
-        wanted.append(f"SLURM_PROCID={rank}".encode())
-    if node is not None:
-        wanted.append(f"SLURM_NODEID={node}".encode())
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes().split(b"\0")
-            environ = (entry / "environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if b"submitit.core._submit" in cmdline and logs in cmdline and all(w in environ for w in wanted):
-            pids.append(int(entry.name))
-    return pids
-
-
 class CheckpointLedger:
     """Every checkpoint of a run seen complete (sizes and CRC32 as at load), polled while it runs."""
 

@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from conftest import ROOT, local_rank_pids
+from conftest import ROOT, rank_pids
 
 
 def submit(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -67,7 +67,7 @@ def test_stop_signal_saves_and_resumes_bit_exact(tmp_path: Path) -> None:
         time.sleep(0.2)
         progress = list(out.glob("runs/synthetic/*/progress.json"))
     run = progress[0].parent
-    for pid in local_rank_pids(run):
+    for pid in rank_pids(run):
         os.kill(pid, signal.SIGUSR2)
     assert proc.wait(timeout=300) == 0
     log = "".join(p.read_text() for p in (run / "logs").glob("*_0_log.out"))

@@ -13,7 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-from conftest import QUICKSTART, ROOT, local_rank_pids, only_run
+from conftest import QUICKSTART, ROOT, only_run, rank_pids
 from quickstart_runs import assert_every_sample_once_per_epoch, last_step, result, validation_history
 
 # 3 ranks: with two, a + b == b + a and a changed summation order would go unseen.
@@ -82,7 +82,7 @@ def test_stopped_twice_at_random_steps_it_ends_on_the_uninterrupted_run_bit_for_
         while not (resumes(out) == attempt and last_step(out) >= threshold):
             assert proc.poll() is None and time.monotonic() < deadline, f"no step {threshold} (stops {stops})"
             time.sleep(0.05)
-        for pid in local_rank_pids(only_run(out)):
+        for pid in rank_pids(only_run(out)):
             os.kill(pid, signal.SIGUSR2)
         while resumes(out) == attempt:
             assert proc.poll() is None and time.monotonic() < deadline, f"no resume (stops {stops})"

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import ROOT, SYNTHETIC, slurmddp, wait_for_job, wait_until
+from conftest import ROOT, SYNTHETIC, parent_pid, rank_pids, slurmddp, wait_for_job, wait_until
 
 STEPS = 1000
 COMMON = [f"train.steps={STEPS}", "train.log_every=100"]
@@ -86,20 +86,10 @@ def preempt(env: dict[str, str], tmp: Path) -> None:
 
 
 def rank_pid(run: Path, rank: int) -> int:
-    """The PID of one rank's process (a job step task this test's submission started)."""
-    logs = str(run / "logs")
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes().split(b"\0")
-            environ = (entry / "environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        ours = b"submitit.core._submit" in cmdline and logs.encode() in cmdline
-        if ours and f"SLURM_PROCID={rank}".encode() in environ:
-            return int(entry.name)
-    raise LookupError(f"no process for rank {rank} of {run}")
+    """The PID of one rank's process (not of its loader workers, which it forked)."""
+    pids = rank_pids(run, rank=rank)
+    (main,) = [pid for pid in pids if parent_pid(pid) not in pids]
+    return main
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import QUICKSTART, local_rank_pids, only_run, slurmddp, wait_for_job
+from conftest import QUICKSTART, only_run, rank_pids, slurmddp, wait_for_job
 from quickstart_runs import (
     TRAIN_SAMPLES,
     assert_every_sample_once_per_epoch,
@@ -234,7 +234,7 @@ def preempt_frozen(env: dict[str, str], tmp: Path, run: Path) -> None:
 
 def rank_main_pids(run: Path) -> list[int]:
     """The ranks' own processes, without their loader workers (forked, with the same command line)."""
-    pids = set(local_rank_pids(run))
+    pids = set(rank_pids(run))
     return sorted(pid for pid in pids if proc_status(pid).get("PPid") not in {str(p) for p in pids})
 
 
