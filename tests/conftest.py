@@ -473,7 +473,8 @@ def parent_pid(pid: int) -> int:
 def rank_pids(run: Path, *, rank: int | None = None, node: int | None = None) -> list[int]:
     """PIDs of the rank processes of `run` (started by this test's submission, locally or as a
     job step's tasks), of one rank or one node index. A rank's forked loader workers share its
-    command line and environment: they are among them."""
+    command line and environment: they are among them. srun is not, though its command line
+    holds the rank's and the batch script gives it SLURM_PROCID=0 and SLURM_NODEID=0."""
     logs = str(run / "logs").encode()
     wanted = []
     if rank is not None:
@@ -488,6 +489,8 @@ def rank_pids(run: Path, *, rank: int | None = None, node: int | None = None) ->
             cmdline = (entry / "cmdline").read_bytes().split(b"\0")
             environ = (entry / "environ").read_bytes().split(b"\0") if wanted else []
         except OSError:
+            continue
+        if Path(cmdline[0].decode(errors="replace")).name == "srun":
             continue
         if b"submitit.core._submit" in cmdline and logs in cmdline and all(w in environ for w in wanted):
             pids.append(int(entry.name))
