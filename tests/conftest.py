@@ -490,7 +490,8 @@ def rank_pids(run: Path, *, rank: int | None = None, node: int | None = None) ->
             environ = (entry / "environ").read_bytes().split(b"\0") if wanted else []
         except OSError:
             continue
-        if Path(cmdline[0].decode(errors="replace")).name == "srun":
+        # srun itself, or (the 24.11 lab) the trixie root's ld.so running it.
+        if any(arg == b"srun" or arg.endswith(b"/srun") for arg in cmdline):
             continue
         if b"submitit.core._submit" in cmdline and logs in cmdline and all(w in environ for w in wanted):
             pids.append(int(entry.name))
