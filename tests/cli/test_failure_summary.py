@@ -4,11 +4,12 @@ the user's line, the rank and its log; `status` and `status --json` say the same
 from __future__ import annotations
 
 import json
+import os
 import subprocess
-import sys
 from pathlib import Path
 
 from conftest import only_run
+from conftest import slurmddp as run_slurmddp
 
 TRAIN = """\
 import torch
@@ -27,9 +28,7 @@ EXPERIMENT = "entrypoint: train.py:train\nresources: {nodes: 1, tasks_per_node: 
 
 
 def slurmddp(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "slurmddp", *args], cwd=cwd, capture_output=True, text=True, timeout=300
-    )
+    return run_slurmddp(dict(os.environ), cwd, *args)
 
 
 def summary(stdout: str) -> list[str]:

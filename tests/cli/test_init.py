@@ -12,7 +12,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from conftest import ROOT
+from conftest import ROOT, slurmddp
 from slurm_samples import LAB
 
 from slurmddp.cli.main import main
@@ -107,30 +107,16 @@ def test_init_guesses_the_profile_from_scontrol_and_sinfo(
 
 def test_the_starter_runs_locally_as_written(tmp_path: Path) -> None:
     env = {**os.environ, "PATH": os.path.dirname(sys.executable)}  # no Slurm: the local starter
-    init = subprocess.run(
-        [sys.executable, "-m", "slurmddp", "init", "proj"],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-    )
+    init = slurmddp(env, tmp_path, "init", "proj")
     assert init.returncode == 0, init.stderr
-    run = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "slurmddp",
-            "submit",
-            "proj/experiment.yaml",
-            "executor=local",
-            "train.epochs=1",
-            f"output_dir={tmp_path / 'runs'}",
-        ],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
+    run = slurmddp(
+        env,
+        tmp_path,
+        "submit",
+        "proj/experiment.yaml",
+        "executor=local",
+        "train.epochs=1",
+        f"output_dir={tmp_path / 'runs'}",
     )
     assert run.returncode == 0, run.stdout + run.stderr
     assert "ended COMPLETED" in run.stdout

@@ -12,6 +12,7 @@ import pickle
 import signal
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import cast
@@ -164,11 +165,14 @@ def run_fake_job(sub: FakeSubmission, total: int = 30, every_s: float = 0.03) ->
     sub.job.finished.set()
 
 
-def follow_fake_job(tmp_path: Path) -> tuple[str, str]:
-    """Follow a fake job to its end; return follow's final state and what it wrote."""
+def follow_fake_job(
+    tmp_path: Path, job_of: Callable[[FakeSubmission], None] = run_fake_job
+) -> tuple[str, str]:
+    """Follow a fake job (`job_of`, run beside) to its end; return follow's final state and what
+    it wrote."""
     (tmp_path / "logs").mkdir()
     sub = FakeSubmission(FakePlan(run_dir=tmp_path, folder=tmp_path / "logs"), FakeJob())
-    job = threading.Thread(target=run_fake_job, args=(sub,))
+    job = threading.Thread(target=job_of, args=(sub,))
     job.start()
     out = io.StringIO()
     try:
@@ -272,27 +276,18 @@ def test_a_ranks_traceback_is_folded_to_its_exception_line() -> None:
 def test_a_run_that_ends_before_its_first_step_leaves_no_spinner_behind(
     tmp_path: Path, terminal: None
 ) -> None:
-    (tmp_path / "logs").mkdir()
-    sub = FakeSubmission(FakePlan(run_dir=tmp_path, folder=tmp_path / "logs"), FakeJob())
-
-    def fail_while_starting() -> None:
+    def fail_while_starting(sub: FakeSubmission) -> None:
         sub.log_path(0).write_text("slurmddp: rank 0 of 1 (node 0, local rank 0) on vm, job 77, attempt 1\n")
         time.sleep(0.2)
         with (sub.plan.folder / f"{sub.job_id}_0_result.pkl").open("wb") as handle:
             pickle.dump(("error", "NameError"), handle)
         sub.job.finished.set()
 
-    job = threading.Thread(target=fail_while_starting)
-    job.start()
-    out = io.StringIO()
-    try:
-        final = follow(cast(Submission, sub), out, poll_s=0.01)
-    finally:
-        job.join()
+    final, text = follow_fake_job(tmp_path, fail_while_starting)
     assert final == "FAILED"
     # The spinner was drawn while the ranks started (and erased, the region being transient);
     # nothing of it is printed again once the region is gone (rich shows the cursor again then).
-    drawn, _, after = out.getvalue().rpartition("\x1b[?25h")
+    drawn, _, after = text.rpartition("\x1b[?25h")
     assert "starting" in drawn or "rank" in drawn
     assert not any(frame in after for frame in "⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏"), after
     assert after.strip().splitlines()[-1].endswith("slurmddp: job 77 ended FAILED after 0:00:00")
