@@ -2,7 +2,9 @@
 
 What a training function imports comes from here: `RunContext` (what every rank is handed),
 `ResumableDistributedSampler`, and `StopForRequeue` (what `ctx.loop` raises once every rank saved
-after a stop signal). They are loaded on first use, so that importing the package stays light (no
+after a stop signal). A training script (a plain loop, or a framework's through
+`slurmddp.integrations`) asks `should_stop()` at each step and, once every rank saved, calls
+`exit_for_requeue()`. They are loaded on first use, so that importing the package stays light (no
 torch): the submit path runs on login nodes that may lack it.
 
 The package follows the flow of a submission; each sub-package is one side of it:
@@ -36,17 +38,19 @@ from typing import TYPE_CHECKING, Any
 from slurmddp.defaults import VERSION
 
 __version__ = VERSION
-__all__ = ["ResumableDistributedSampler", "RunContext", "StopForRequeue"]
+__all__ = ["ResumableDistributedSampler", "RunContext", "StopForRequeue", "exit_for_requeue", "should_stop"]
 
 if TYPE_CHECKING:
     from slurmddp.job.context import RunContext
-    from slurmddp.job.loop import StopForRequeue
     from slurmddp.job.sampler import ResumableDistributedSampler
+    from slurmddp.job.stop import StopForRequeue, exit_for_requeue, should_stop
 
 _EXPORTS = {
     "RunContext": "slurmddp.job.context",
-    "StopForRequeue": "slurmddp.job.loop",
+    "StopForRequeue": "slurmddp.job.stop",
     "ResumableDistributedSampler": "slurmddp.job.sampler",
+    "should_stop": "slurmddp.job.stop",
+    "exit_for_requeue": "slurmddp.job.stop",
 }
 
 

@@ -12,13 +12,21 @@ import pytest
 def test_the_user_names_are_the_job_sides_classes() -> None:
     import slurmddp
     from slurmddp.job.context import RunContext
-    from slurmddp.job.loop import StopForRequeue
     from slurmddp.job.sampler import ResumableDistributedSampler
+    from slurmddp.job.stop import StopForRequeue, exit_for_requeue, should_stop
 
     assert slurmddp.RunContext is RunContext
     assert slurmddp.StopForRequeue is StopForRequeue
     assert slurmddp.ResumableDistributedSampler is ResumableDistributedSampler
-    assert sorted(slurmddp.__all__) == ["ResumableDistributedSampler", "RunContext", "StopForRequeue"]
+    assert slurmddp.should_stop is should_stop
+    assert slurmddp.exit_for_requeue is exit_for_requeue
+    assert sorted(slurmddp.__all__) == [
+        "ResumableDistributedSampler",
+        "RunContext",
+        "StopForRequeue",
+        "exit_for_requeue",
+        "should_stop",
+    ]
     with pytest.raises(AttributeError, match="has no attribute 'Nope'"):
         slurmddp.Nope  # noqa: B018
 
@@ -27,6 +35,8 @@ def test_importing_the_package_does_not_import_torch() -> None:
     code = (
         "import sys, slurmddp\n"
         "assert 'torch' not in sys.modules, 'import slurmddp imported torch'\n"
+        "assert slurmddp.should_stop() is False\n"
+        "assert 'torch' not in sys.modules, 'should_stop outside a job imported torch'\n"
         "from slurmddp import ResumableDistributedSampler\n"
         "assert 'torch' in sys.modules\n"
     )

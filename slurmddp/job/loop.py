@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 from slurmddp.errors import CheckpointError, SlurmddpError
 from slurmddp.job import signals
 from slurmddp.job.records import AttemptId, Failure, LoopProgress, Progress, Stop
+from slurmddp.job.stop import StopForRequeue
 from slurmddp.layout import METRICS
 
 if TYPE_CHECKING:
@@ -49,18 +50,6 @@ if TYPE_CHECKING:
 PROGRESS_EVERY_S = 2.0
 Unsaved = tuple[int, str]
 """A checkpoint's step, and why it was not saved."""
-
-
-class StopForRequeue(BaseException):
-    """Raised out of the loop once every rank has saved after a stop signal.
-
-    A BaseException, so that a user's `except Exception` around the step cannot swallow it.
-    """
-
-    def __init__(self, step: int, signum: int) -> None:
-        super().__init__(f"stopped at step {step} on {signals.name(signum)}; the job will be requeued")
-        self.step = step
-        self.signum = signum
 
 
 @dataclass(frozen=True)

@@ -23,10 +23,10 @@ from slurmddp.files import write_json
 from slurmddp.job import attempts, crash, distenv, mpi, preflight, provenance, records, rendezvous, signals
 from slurmddp.job.context import RunContext
 from slurmddp.job.distenv import DistEnv
-from slurmddp.job.loop import StopForRequeue
 from slurmddp.job.records import AttemptId
 from slurmddp.job.scriptrank import run_script
 from slurmddp.job.spec import RankSpec
+from slurmddp.job.stop import StopForRequeue
 from slurmddp.job.watchdog import Watchdog
 from slurmddp.layout import NCCL_TRACE, RESULT
 

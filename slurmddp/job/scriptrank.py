@@ -13,11 +13,12 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from slurmddp.defaults import LOCAL_REQUEUE_STATUS
 from slurmddp.errors import EntrypointFailed
-from slurmddp.job import crash, rendezvous, scriptrun, signals
+from slurmddp.job import crash, rendezvous, scriptrun, signals, stop
 from slurmddp.job.distenv import DistEnv
 from slurmddp.job.loop import PROGRESS_EVERY_S
 from slurmddp.job.records import AttemptId, Progress, Stop
@@ -40,11 +41,16 @@ def run_script(spec: RankSpec, dist: DistEnv) -> int:
             [sys.executable, "-m", "slurmddp.job.scriptrun", *command[1:]],
             env={**os.environ, **_script_env(spec, dist, steps.name)},
         )
+        # From now on a stop signal reaches the script at once, not at the next poll: every rank
+        # hears it within the same millisecond (job/stop.py agrees on the step).
+        signals.install(spec.stop_signals, then=_forward_once(child))
         store = rendezvous.open_store(dist, spec.dist.timeout_s)
         code = _wait_for_script(child, dist, Path(spec.run_dir), Path(steps.name))
         step = scriptrun.read_steps(Path(steps.name))
         finished = scriptrun.read_finished(Path(steps.name))
-    stop = signals.received()
+        stopped_on = scriptrun.read_stopped(Path(steps.name))
+    # A script that stopped by agreement stopped, even where this process heard no signal itself.
+    stop = signals.received() or stopped_on
     if stop is None and code < 0 and finished:
         print(
             f"slurmddp: rank {dist.rank}: {shlex.join(command)} ended with status 0, then its process "
@@ -74,8 +80,26 @@ def run_script(spec: RankSpec, dist: DistEnv) -> int:
     return code
 
 
+def _forward_once(child: subprocess.Popen[bytes]) -> Callable[[int], None]:
+    """Pass the first stop signal on to the script as SIGTERM, the signal torchrun's agent sends
+    its workers."""
+    forwarded = False
+
+    def forward(signum: int) -> None:
+        nonlocal forwarded
+        if not forwarded and child.returncode is None:
+            forwarded = True
+            child.send_signal(signal.SIGTERM)
+
+    return forward
+
+
 def _script_env(spec: RankSpec, dist: DistEnv, steps: str) -> dict[str, str]:
-    env = {"TORCHELASTIC_USE_AGENT_STORE": "True", scriptrun.STEP_FILE_ENV: steps}
+    env = {
+        "TORCHELASTIC_USE_AGENT_STORE": "True",
+        scriptrun.STEP_FILE_ENV: steps,
+        stop.STORE_ENV: f"{dist.master_addr}:{dist.master_port}",
+    }
     if spec.dist.hang_timeout_s != 0:
         watch = {**dataclasses.asdict(dist), "hang_timeout_s": spec.dist.hang_timeout_s}
         env[scriptrun.WATCH_ENV] = json.dumps(watch)
@@ -83,17 +107,13 @@ def _script_env(spec: RankSpec, dist: DistEnv, steps: str) -> dict[str, str]:
 
 
 def _wait_for_script(child: subprocess.Popen[bytes], dist: DistEnv, run_dir: Path, steps: Path) -> int:
-    """The script's exit status. A stop signal is passed on as SIGTERM; rank 0 records the steps
-    made as progress, as ctx.loop does for a function."""
-    forwarded = False
+    """The script's exit status; meanwhile rank 0 records the steps made as progress, as ctx.loop
+    does for a function."""
     shown_at = 0.0
     while True:
         try:
             return child.wait(timeout=0.2)
         except subprocess.TimeoutExpired:
-            if signals.received() is not None and not forwarded:
-                child.send_signal(signal.SIGTERM)
-                forwarded = True
             if dist.rank == 0 and time.monotonic() - shown_at >= PROGRESS_EVERY_S:
                 shown_at = time.monotonic()
                 step = scriptrun.read_steps(steps)

@@ -19,6 +19,13 @@ active exception`, SIGABRT) with the script's work done; pytorch/pytorch#179291 
 threads, releasing a collective's tensors. So once the mark is written the process flushes its
 standard streams and leaves with os._exit(0), without that teardown. Should it die between the mark
 and its exit, the rank's process reads the mark and counts the death as the completion it was.
+
+The stop signals are this process's too: Slurm sends `--signal`'s to every process of the step,
+and USR2's default action would kill the script before it could save. Their handler only records
+the signal for `slurmddp.should_stop()` (job/stop.py). A script that never asks it still dies of
+the SIGTERM its rank passes on, as under torchrun, unless it handles SIGTERM itself. A script that
+ended by `exit_for_requeue()` leaves the stop's signal in bytes 16-24, and the process leaves as
+after a completion.
 """
 
 from __future__ import annotations
@@ -28,15 +35,21 @@ import contextlib
 import json
 import os
 import runpy
+import signal
 import sys
 from pathlib import Path
 from typing import Any
+
+from slurmddp.defaults import ALWAYS_STOP_ON, STOP_SIGNAL, STOP_SIGNALS_ENV
+from slurmddp.job import signals, stop
 
 STEP_FILE_ENV = "SLURMDDP_STEP_FILE"
 WATCH_ENV = "SLURMDDP_WATCH"
 """JSON of the rank's DistEnv and `hang_timeout_s`; absent: no watchdog (dist.hang_timeout_s=0)."""
 FINISHED = b"finished"
 """Bytes 8-16 of the step file once the script ended with status 0 and its exit handlers ran."""
+STOPPED_AT = 16
+"""Where the step file holds the signal of the stop the script ended on (8 bytes; 0: none)."""
 
 
 class Steps:
@@ -45,6 +58,7 @@ class Steps:
     def __init__(self, path: str | None) -> None:
         self.count = 0
         self.succeeded = False
+        self.stopped_on = 0
         self._pid = os.getpid()
         self._fd = os.open(path, os.O_WRONLY) if path else None
 
@@ -59,10 +73,13 @@ class Steps:
         multiprocessing has joined its children, by now. After a status of 0 the process then
         leaves without the interpreter's teardown. A child the script forked inherits the handler;
         its own end is not the script's."""
-        if not self.succeeded or os.getpid() != self._pid:
+        if not (self.succeeded or self.stopped_on) or os.getpid() != self._pid:
             return
         if self._fd is not None:
-            os.pwrite(self._fd, FINISHED, 8)
+            if self.stopped_on:
+                os.pwrite(self._fd, self.stopped_on.to_bytes(8, "little"), STOPPED_AT)
+            else:
+                os.pwrite(self._fd, FINISHED, 8)
         for stream in (sys.stdout, sys.stderr):
             # A script may have closed or replaced them; what cannot be flushed is lost either way.
             with contextlib.suppress(AttributeError, OSError, ValueError):
@@ -86,6 +103,22 @@ def read_finished(path: Path) -> bool:
         return path.read_bytes()[8:16] == FINISHED
     except OSError:
         return False
+
+
+def read_stopped(path: Path) -> int | None:
+    """The signal of the agreed stop the script ended on (`exit_for_requeue()`), if it did."""
+    try:
+        return int.from_bytes(path.read_bytes()[STOPPED_AT : STOPPED_AT + 8], "little") or None
+    except OSError:
+        return None
+
+
+def _on_stop_signal(signum: int) -> None:
+    """A SIGTERM that nothing will act on ends the script as it would without slurmddp; a script
+    that asks `should_stop()` stops at its next boundary instead."""
+    if signum == signal.SIGTERM and not stop.armed():
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 def _watchdog() -> Any:
@@ -114,6 +147,8 @@ def _beat_on_batches(watchdog: Any) -> None:
 
 
 def main(argv: list[str]) -> None:
+    names = os.environ.get(STOP_SIGNALS_ENV, f"{STOP_SIGNAL},{ALWAYS_STOP_ON}")
+    signals.install(tuple(names.split(",")), then=_on_stop_signal)
     steps = Steps(os.environ.get(STEP_FILE_ENV))
     atexit.register(steps.at_exit)
     from torch.optim.optimizer import register_optimizer_step_post_hook
@@ -129,6 +164,10 @@ def main(argv: list[str]) -> None:
     except SystemExit as exc:
         steps.succeeded = exc.code in (None, 0)
         raise
+    except stop.StopForRequeue as exc:
+        steps.stopped_on = exc.signum
+        print(f"slurmddp: {exc}", file=sys.stderr, flush=True)
+        return
     steps.succeeded = True
 
 

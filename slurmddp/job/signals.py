@@ -10,20 +10,28 @@ from __future__ import annotations
 
 import signal
 import time
+from collections.abc import Callable
 from types import FrameType
 
 _received: int | None = None
 _received_at: float | None = None
+_then: Callable[[int], None] | None = None
 
 
 def _record(signum: int, frame: FrameType | None) -> None:
     global _received, _received_at
     if _received is None:
         _received, _received_at = signum, time.time()
+    if _then is not None:
+        _then(signum)
 
 
-def install(names: tuple[str, ...]) -> None:
-    """Route each named signal (e.g. "USR2", "TERM") to the flag."""
+def install(names: tuple[str, ...], then: Callable[[int], None] | None = None) -> None:
+    """Route each named signal (e.g. "USR2", "TERM") to the flag. `then(signum)` runs after each
+    is recorded; it runs in the main thread between two bytecodes, as any Python handler does, so
+    it may call os.kill but must not save or communicate."""
+    global _then
+    _then = then
     for name in names:
         signal.signal(getattr(signal, f"SIG{name}"), _record)
 
