@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "slurmddp"
-SIDES = ("experiment", "submit", "job", "manage", "cluster", "cli")
+SIDES = ("experiment", "submit", "job", "manage", "cluster", "cli", "integrations")
 LEAVES = ("errors", "files", "yamlio", "layout", "defaults")
 # The sides each side may import (besides itself and the leaf helpers).
 ALLOWED = {
@@ -23,6 +23,9 @@ ALLOWED = {
     "submit": {"cluster", "experiment", "job"},
     "manage": {"cluster", "experiment", "job", "submit"},
     "cli": {"cluster", "experiment", "job", "submit", "manage"},
+    # What a training script imports to be preemption-safe under its framework: it runs in the
+    # script's process, beside the job side's stop (job/stop.py), and never on a login node.
+    "integrations": {"job"},
 }
 # What `submit` may take from `job`: the picklable spec handed to every rank and the callable that
 # carries it, nothing that runs there.
