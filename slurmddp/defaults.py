@@ -20,6 +20,8 @@ RequeueReason = Literal["preemption", "timeout", "failure"]
 RunKind = Literal["run", "sweep"]
 Autocast = Literal["none", "bfloat16", "float16"]
 OutputMode = Literal["private", "group"]
+IntegrationsMode = Literal["off", "auto"]
+"""Whether a script's framework Trainer gets slurmddp's preemption callback unasked (`integrations`)."""
 """Who may read the run directories slurmddp creates (`output_mode`)."""
 OUTPUT_DIR_MODES: dict[OutputMode, int] = {"private": 0o700, "group": 0o750}
 """The permissions of every directory slurmddp creates for a run: the run or sweep directory, its

@@ -25,7 +25,7 @@ ALLOWED = {
     "cli": {"cluster", "experiment", "job", "submit", "manage"},
     # What a training script imports to be preemption-safe under its framework: it runs in the
     # script's process, beside the job side's stop (job/stop.py), and never on a login node.
-    "integrations": {"job"},
+    "integrations": {"experiment", "job"},
 }
 # What `submit` may take from `job`: the picklable spec handed to every rank and the callable that
 # carries it, nothing that runs there.

@@ -21,6 +21,7 @@ from slurmddp.defaults import (
     Backend,
     Executor,
     GpuBinding,
+    IntegrationsMode,
     Launcher,
     OutputMode,
     StopSignal,
@@ -309,6 +310,14 @@ class Ddp:
     autograd graph per backward."""
     accumulate: int = 1
     """Micro-batches per optimizer step (`loop.micro_batches`); all but the last skip the all-reduce."""
+    param_order_buckets: bool = True
+    """For a script entrypoint (`train.py ...`, `-m module`): every DistributedDataParallel the
+    script builds lays out its gradient buckets in parameter order before its first step, on every
+    attempt, so a resumed attempt sums gradients in the order the uninterrupted run did (bit-exact
+    resume with 3 or more ranks; docs/resume.md). PyTorch's own layout, rebuilt after the first
+    backward in the order gradients became ready (false), lets a model of several buckets start
+    its all-reduce during the backward on GPUs, but a resumed attempt's first step then sums in
+    another order. `ctx.ddp` gets exactness from its priming step instead and ignores this."""
 
     def __post_init__(self) -> None:
         if self.bucket_cap_mb is not None and self.bucket_cap_mb <= 0:
@@ -412,6 +421,11 @@ class Experiment:
     precision: Precision = field(default_factory=Precision)
     telemetry: Telemetry = field(default_factory=Telemetry)
     trackers: Trackers = field(default_factory=Trackers)
+    integrations: IntegrationsMode = "off"
+    """For a script entrypoint: `auto` gives every HF transformers `Trainer` and PyTorch Lightning
+    `Trainer` the script builds slurmddp's preemption callback, as the one line of
+    docs/frameworks/ would (it saves at the step every rank agreed to stop at and resumes from the
+    newest complete checkpoint); `off`: only what the script adds itself."""
     train: dict[str, Any] = field(default_factory=dict)
     """Free-form settings for the training code (ctx.config.train). `train.global_batch`, the
     number that goes to `ctx.loader(global_batch=...)`, must split evenly over the ranks."""

@@ -100,6 +100,10 @@ def _script_env(spec: RankSpec, dist: DistEnv, steps: str) -> dict[str, str]:
         scriptrun.STEP_FILE_ENV: steps,
         stop.STORE_ENV: f"{dist.master_addr}:{dist.master_port}",
     }
+    if spec.settings.ddp.param_order_buckets:
+        env[scriptrun.PARAM_ORDER_BUCKETS_ENV] = "1"
+    if spec.settings.integrations == "auto":
+        env[scriptrun.AUTO_ENV] = "1"
     if spec.dist.hang_timeout_s != 0:
         watch = {**dataclasses.asdict(dist), "hang_timeout_s": spec.dist.hang_timeout_s}
         env[scriptrun.WATCH_ENV] = json.dumps(watch)

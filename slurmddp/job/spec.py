@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from slurmddp.cluster.fabric import FabricProfile
-from slurmddp.defaults import RunExecutor
+from slurmddp.defaults import IntegrationsMode, RunExecutor
 from slurmddp.experiment.schema import (
     Checkpoint,
     Ddp,
@@ -30,8 +30,9 @@ from slurmddp.experiment.schema import (
 
 @dataclass(frozen=True)
 class RunSettings:
-    """The experiment's sections that a function rank's RunContext and its loop act on, typed as
-    the schema checked them: each component takes its own section from here."""
+    """The experiment's sections that a function rank's RunContext and its loop act on (and a
+    script rank's process: `ddp`, `integrations`), typed as the schema checked them: each component
+    takes its own section from here."""
 
     name: str
     """The experiment's name: the trackers' default project and run name."""
@@ -40,6 +41,8 @@ class RunSettings:
     precision: Precision
     telemetry: Telemetry
     trackers: Trackers
+    integrations: IntegrationsMode = "off"
+    """A script's framework Trainers get slurmddp's callback unasked (`auto`)."""
 
     @classmethod
     def of(cls, exp: Experiment) -> RunSettings:
@@ -51,6 +54,7 @@ class RunSettings:
             precision=exp.precision,
             telemetry=exp.telemetry,
             trackers=exp.trackers,
+            integrations=exp.integrations,
         )
 
 

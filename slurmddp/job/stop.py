@@ -26,6 +26,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+from collections.abc import Callable
 from datetime import timedelta
 from typing import TYPE_CHECKING, NoReturn
 
@@ -57,15 +58,17 @@ class StopForRequeue(BaseException):
 class Agreement:
     """One rank's side of the agreement, over the job's store."""
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, heard: Callable[[], int | None] = signals.received) -> None:
         self.store = store
+        self.heard = heard
+        """Which stop signal this process got, if any."""
         self.boundaries = 0
         self.agreed: int | None = None
 
     def should_stop(self) -> bool:
         self.boundaries += 1
         if self.agreed is None:
-            if signals.received() is not None:
+            if self.heard() is not None:
                 value = self.store.compare_set(KEY, "", str(self.boundaries + 1))
             else:
                 value = self.store.compare_set(KEY, _NONE, _NONE)

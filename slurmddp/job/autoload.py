@@ -1,0 +1,56 @@
+"""`integrations: auto`: when a script's process loads a framework's Trainer module, the
+framework's integration (slurmddp/integrations/) patches it so that every Trainer built afterwards
+gets slurmddp's preemption callback, as the one line of docs/frameworks/ would add it.
+
+The hook waits for the Trainer module itself, not the framework's top package: a script that
+imports transformers for its models alone, with a loop of its own, never pays for (or gets) the
+Trainer's import. Stdlib only until a hooked module loads.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.abc
+import importlib.machinery
+import sys
+from collections.abc import Sequence
+from types import ModuleType
+
+HOOKS = {
+    "transformers.trainer": "slurmddp.integrations.transformers",
+    "lightning.pytorch.trainer.trainer": "slurmddp.integrations.lightning",
+    "pytorch_lightning.trainer.trainer": "slurmddp.integrations.lightning",
+}
+"""Module whose loading patches -> the integration whose `auto()` patches it."""
+
+
+class _Finder(importlib.abc.MetaPathFinder):
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
+    ) -> importlib.machinery.ModuleSpec | None:
+        if fullname not in HOOKS:
+            return None
+        # The spec the other finders would give; this finder only wraps its loader.
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path, target)
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return None
+        loader = spec.loader
+
+        class _Loader(importlib.abc.Loader):
+            def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
+                return loader.create_module(spec)
+
+            def exec_module(self, module: ModuleType) -> None:
+                loader.exec_module(module)
+                importlib.import_module(HOOKS[fullname]).auto()
+
+        spec.loader = _Loader()
+        return spec
+
+
+def install() -> None:
+    """Patch each framework's Trainer as soon as its module is loaded (or now, if it already is)."""
+    sys.meta_path.insert(0, _Finder())
+    for name, integration in HOOKS.items():
+        if name in sys.modules:
+            importlib.import_module(integration).auto()

@@ -1,0 +1,85 @@
+"""Framework scripts on the real cluster (2 nodes x 2 ranks), written as their frameworks' docs
+teach plus slurmddp's one line (examples/frameworks/), preempted by real `high` jobs twice at steps
+drawn at random: both stops are preemptions, no optimizer step is made twice or lost on any rank,
+and the final parameters are bit-identical to an uninterrupted run's. The uninterrupted run is
+made once, locally with the same 4 ranks (gloo sums in the same order over loopback as over the
+lab's bridge), and shared by both Slurm generations."""
+
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import slurmddp, wait_for_job, wait_until
+from framework_runs import FRAMEWORKS, assert_each_step_once, final, finish, steps_done, submit
+
+pytestmark = pytest.mark.slurm
+
+LAYOUT = ("resources.nodes=2", "resources.tasks_per_node=2")
+CASES = {
+    # experiment, its steps in all, and overrides that keep a lab run short
+    "torchrun": ("torchrun.yaml", 6 * (960 // 4 // 8)),
+}
+HIGH_JOB = ("-p", "high", "-N", "3", "--exclusive", "-t", "1", "--wrap", "sleep 3")
+
+
+@pytest.fixture(scope="session", params=sorted(CASES))
+def framework(request: pytest.FixtureRequest) -> str:
+    name: str = request.param
+    return name
+
+
+@pytest.fixture(scope="session")
+def reference(framework: str, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    experiment, total = CASES[framework]
+    out = tmp_path_factory.mktemp(f"reference-{framework}") / "runs"
+    run = finish(submit(out, experiment, "resources.nodes=1", "resources.tasks_per_node=4"), out)
+    assert_each_step_once(run, 4, total)
+    return final(run)
+
+
+def lab_submit(env: dict[str, str], out: Path, experiment: str) -> Path:
+    out.mkdir(parents=True, exist_ok=True)
+    proc = slurmddp(env, out.parent, "submit", str(FRAMEWORKS / experiment), *LAYOUT, f"output_dir={out}")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (manifest,) = out.glob("*/*/manifest.json")
+    return manifest.parent
+
+
+def ends(run: Path) -> list[dict[str, Any]]:
+    try:
+        lines = (run / "attempts.jsonl").read_text().splitlines()
+    except FileNotFoundError:
+        return []
+    return [record for line in lines if (record := json.loads(line))["event"] == "end"]
+
+
+def preempt_at(env: dict[str, str], run: Path, step: int, tmp: Path) -> None:
+    """Once rank 0 made `step` optimizer steps, a job on the high partition takes every node."""
+    wait_until(f"step {step}", lambda: len(steps_done(run)) >= step or any(e["final"] for e in ends(run)))
+    assert not any(e["final"] for e in ends(run)), f"the run ended before step {step}: {ends(run)}"
+    count = len(ends(run))
+    subprocess.run(["sbatch", "-o", str(tmp / "high-%j.out"), *HIGH_JOB], env=env, check=True, capture_output=True)
+    wait_until("the preempted attempt to end", lambda: len(ends(run)) > count)
+
+
+def test_preempted_twice_at_random_steps_ends_bit_exact(
+    slurm_env: dict[str, str], tmp_path: Path, framework: str, reference: dict[str, Any]
+) -> None:
+    experiment, total = CASES[framework]
+    rng = random.Random()
+    first = rng.randrange(total // 8, total // 2)
+    second = rng.randrange(first + total // 8, total - total // 8)
+    run = lab_submit(slurm_env, tmp_path / "runs", experiment)
+    preempt_at(slurm_env, run, first, tmp_path)
+    preempt_at(slurm_env, run, second, tmp_path)
+    job = json.loads((run / "manifest.json").read_text())["job_id"]
+    assert wait_for_job(str(job), slurm_env, timeout=600) == "COMPLETED", (run / "attempts.jsonl").read_text()
+    reasons = [e["reason"] for e in ends(run)]
+    assert reasons == ["preemption", "preemption", "completed"], (first, second, reasons)
+    assert_each_step_once(run, 4, total)
+    assert final(run) == reference, f"preempted at steps {first} and {second}"
