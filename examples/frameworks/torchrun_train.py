@@ -61,22 +61,22 @@ def main() -> None:
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         step = state["step"]
-    steps_log = open(os.path.join(run_dir, f"steps-{rank}.log"), "a")
-    for epoch in range(step // len(loader), args.epochs):
-        sampler.set_epoch(epoch)
-        # A resumed epoch skips the batches its checkpoint already trained on.
-        for x, y in itertools.islice(loader, step - epoch * len(loader), None):
-            optimizer.zero_grad()
-            loss = nn.functional.binary_cross_entropy_with_logits(ddp(x), y)
-            loss.backward()
-            optimizer.step()
-            step += 1
-            steps_log.write(f"{step}\n")
-            steps_log.flush()
-            if slurmddp.should_stop():  # slurmddp
-                state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step}
-                checkpoints.save(ckpt_dir, step, state)  # slurmddp
-                slurmddp.exit_for_requeue()  # slurmddp
+    with open(os.path.join(run_dir, f"steps-{rank}.log"), "a") as steps_log:
+        for epoch in range(step // len(loader), args.epochs):
+            sampler.set_epoch(epoch)
+            # A resumed epoch skips the batches its checkpoint already trained on.
+            for x, y in itertools.islice(loader, step - epoch * len(loader), None):
+                optimizer.zero_grad()
+                loss = nn.functional.binary_cross_entropy_with_logits(ddp(x), y)
+                loss.backward()
+                optimizer.step()
+                step += 1
+                steps_log.write(f"{step}\n")
+                steps_log.flush()
+                if slurmddp.should_stop():  # slurmddp
+                    state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step}
+                    checkpoints.save(ckpt_dir, step, state)  # slurmddp
+                    slurmddp.exit_for_requeue()  # slurmddp
 
     if rank == 0:
         digest = hashlib.sha256(b"".join(p.detach().numpy().tobytes() for p in model.parameters()))

@@ -22,8 +22,16 @@ def submit(out: Path, experiment: str, *overrides: str) -> subprocess.Popen[str]
     """`python -m slurmddp submit` a framework example locally (it waits for the run's end)."""
     out.mkdir(parents=True, exist_ok=True)
     return subprocess.Popen(
-        [sys.executable, "-m", "slurmddp", "submit", str(FRAMEWORKS / experiment), "executor=local",
-         f"output_dir={out}", *overrides],
+        [
+            sys.executable,
+            "-m",
+            "slurmddp",
+            "submit",
+            str(FRAMEWORKS / experiment),
+            "executor=local",
+            f"output_dir={out}",
+            *overrides,
+        ],
         cwd=out.parent,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -42,7 +50,10 @@ def stop_at(proc: subprocess.Popen[str], out: Path, step: int, signum: int = sig
     """Send the stop signal to every rank once rank 0 has made `step` steps in all."""
     deadline = time.monotonic() + 240
     while True:
-        assert proc.poll() is None, f"the run ended before step {step}: {proc.stdout.read() if proc.stdout else ''}"
+        if proc.poll() is not None:
+            raise AssertionError(
+                f"the run ended before step {step}: {proc.stdout.read() if proc.stdout else ''}"
+            )
         assert time.monotonic() < deadline, f"no step {step} after 240 s"
         runs = list(out.glob("*/*/manifest.json"))
         if runs and len(steps_done(runs[0].parent)) >= step:

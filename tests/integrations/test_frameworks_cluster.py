@@ -63,7 +63,8 @@ def preempt_at(env: dict[str, str], run: Path, step: int, tmp: Path) -> None:
     wait_until(f"step {step}", lambda: len(steps_done(run)) >= step or any(e["final"] for e in ends(run)))
     assert not any(e["final"] for e in ends(run)), f"the run ended before step {step}: {ends(run)}"
     count = len(ends(run))
-    subprocess.run(["sbatch", "-o", str(tmp / "high-%j.out"), *HIGH_JOB], env=env, check=True, capture_output=True)
+    high = ["sbatch", "-o", str(tmp / "high-%j.out"), *HIGH_JOB]
+    subprocess.run(high, env=env, check=True, capture_output=True)
     wait_until("the preempted attempt to end", lambda: len(ends(run)) > count)
 
 

@@ -47,13 +47,14 @@ def test_every_rank_stops_at_the_same_boundary_whoever_heard_it(store_factory, s
     # The signal reaches some ranks (one, several or all) at random moments of the schedule.
     heard_at = {r: rng.randrange(len(order)) for r in rng.sample(range(ranks), rng.randint(1, ranks))}
     clock = 0
-    agreements = [
-        Agreement(store_factory(), heard=lambda r=r: signal.SIGUSR2 if clock >= heard_at.get(r, 10**9) else None)
-        for r in range(ranks)
-    ]
+
+    def heard(rank: int) -> int | None:
+        return signal.SIGUSR2 if clock >= heard_at.get(rank, len(order)) else None
+
+    agreements = [Agreement(store_factory(), heard=lambda r=r: heard(r)) for r in range(ranks)]
     first_true: dict[int, int] = {}
     first_heard_boundary = None
-    for clock, r in enumerate(order):  # noqa: B007 (the lambdas read it)
+    for clock, r in enumerate(order):
         a = agreements[r]
         if r in heard_at and clock >= heard_at[r] and first_heard_boundary is None:
             first_heard_boundary = a.boundaries + 1
@@ -79,7 +80,9 @@ def test_outside_a_job_should_stop_is_false(monkeypatch: pytest.MonkeyPatch) -> 
     assert stop.stopped_at() is None
 
 
-def test_exit_for_requeue_names_the_step_and_the_signal(store_factory, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+def test_exit_for_requeue_names_the_step_and_the_signal(  # type: ignore[no-untyped-def]
+    store_factory, monkeypatch: pytest.MonkeyPatch
+) -> None:
     agreement = Agreement(store_factory(), heard=lambda: signal.SIGUSR2)
     monkeypatch.setattr(stop, "_agreement", agreement)
     monkeypatch.setattr(stop.signals, "_received", signal.SIGUSR2)
