@@ -84,3 +84,26 @@ def test_preempted_twice_at_random_steps_ends_bit_exact(
     assert reasons == ["preemption", "preemption", "completed"], (first, second, reasons)
     assert_each_step_once(run, 4, total)
     assert final(run) == reference, f"preempted at steps {first} and {second}"
+
+
+def test_a_script_that_saves_on_sigterm_alone_survives_the_slurm_signal(
+    slurm_env: dict[str, str], tmp_path: Path
+) -> None:
+    """Slurm sends USR2 to every process of the step before the rank passes SIGTERM on; USR2's
+    default action used to kill such a script before its handler could save (stop.json read
+    `"script_status": -12`). Now it saves, exits 0, and the next attempt resumes from its save."""
+    total = 300
+    script = Path(__file__).with_name("sigterm_only_train.py")
+    (tmp_path / "exp.yaml").write_text(f"name: sigterm\nentrypoint: {script} {total}\n")
+    out = tmp_path / "runs"
+    proc = slurmddp(slurm_env, tmp_path, "submit", str(tmp_path / "exp.yaml"), *LAYOUT, f"output_dir={out}")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (manifest,) = out.glob("*/*/manifest.json")
+    run = manifest.parent
+    preempt_at(slurm_env, run, random.randrange(40, 150), tmp_path)
+    stop = json.loads((run / "stop.json").read_text())
+    assert stop["script_status"] == 0, stop
+    job = json.loads(manifest.read_text())["job_id"]
+    assert wait_for_job(str(job), slurm_env, timeout=600) == "COMPLETED", (run / "attempts.jsonl").read_text()
+    assert [e["reason"] for e in ends(run)] == ["preemption", "completed"]
+    assert_each_step_once(run, 4, total)
