@@ -1,5 +1,5 @@
 """The user's documents point at what exists: every relative link of README.md, CONTRIBUTING.md and
-docs/*.md names a file of the repository, and a `#fragment` one of its headings."""
+docs/**/*.md names a file of the repository, and a `#fragment` one of its headings."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from conftest import ROOT
 
-DOCUMENTS = [ROOT / "README.md", ROOT / "CONTRIBUTING.md", *sorted((ROOT / "docs").glob("*.md"))]
+DOCUMENTS = [ROOT / "README.md", ROOT / "CONTRIBUTING.md", *sorted((ROOT / "docs").rglob("*.md"))]
 LINK = re.compile(r"\]\(([^)\s]+)\)")
 
 

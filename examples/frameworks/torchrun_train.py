@@ -4,8 +4,9 @@ rank 0 checkpoints), made preemption-safe by slurmddp's lines, marked `# slurmdd
     torchrun --nproc-per-node 3 examples/frameworks/torchrun_train.py          # as before
     python -m slurmddp submit examples/frameworks/torchrun.yaml                 # on Slurm
 
-Each optimizer step is appended to RUN_DIR/steps-RANK.log (the tests count steps done twice or
-never), and rank 0 writes the final parameters' digest to RUN_DIR/final.json.
+Each optimizer step is appended to RUN_DIR/steps-RANK.log with its time (the tests count steps done
+twice or never; benchmarks/framework_stop.py times them), and rank 0 writes the final parameters'
+digest to RUN_DIR/final.json.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import hashlib
 import itertools
 import json
 import os
+import time
 
 import torch
 import torch.distributed as dist
@@ -38,6 +40,7 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=6)
     parser.add_argument("--batch-size", type=int, default=8, help="per rank")
     parser.add_argument("--lr", type=float, default=0.05)
+    parser.add_argument("--no-slurmddp", action="store_true", help="leave slurmddp's lines out (benchmarks)")
     args = parser.parse_args()
     run_dir = os.environ.get("SLURMDDP_RUN_DIR", ".")
     ckpt_dir = os.path.join(run_dir, "checkpoints")
@@ -56,7 +59,7 @@ def main() -> None:
     )
 
     step = 0
-    state = checkpoints.resume(ckpt_dir)  # slurmddp
+    state = None if args.no_slurmddp else checkpoints.resume(ckpt_dir)  # slurmddp
     if state is not None:
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
@@ -71,9 +74,9 @@ def main() -> None:
                 loss.backward()
                 optimizer.step()
                 step += 1
-                steps_log.write(f"{step}\n")
+                steps_log.write(f"{step} {time.time()}\n")
                 steps_log.flush()
-                if slurmddp.should_stop():  # slurmddp
+                if not args.no_slurmddp and slurmddp.should_stop():  # slurmddp
                     state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step}
                     checkpoints.save(ckpt_dir, step, state)  # slurmddp
                     slurmddp.exit_for_requeue()  # slurmddp

@@ -310,14 +310,13 @@ class Ddp:
     autograd graph per backward."""
     accumulate: int = 1
     """Micro-batches per optimizer step (`loop.micro_batches`); all but the last skip the all-reduce."""
-    param_order_buckets: bool = True
-    """For a script entrypoint (`train.py ...`, `-m module`): every DistributedDataParallel the
-    script builds lays out its gradient buckets in parameter order before its first step, on every
-    attempt, so a resumed attempt sums gradients in the order the uninterrupted run did (bit-exact
-    resume with 3 or more ranks; docs/resume.md). PyTorch's own layout, rebuilt after the first
-    backward in the order gradients became ready (false), lets a model of several buckets start
-    its all-reduce during the backward on GPUs, but a resumed attempt's first step then sums in
-    another order. `ctx.ddp` gets exactness from its priming step instead and ignores this."""
+    resume_buckets: bool = True
+    """For a script entrypoint (`train.py ...`, `-m module`): a resumed attempt builds each of the
+    script's DistributedDataParallel models with the gradient buckets the first attempt's had after
+    DDP rebuilt them (recorded in RUN_DIR/ddp/), so its first step sums gradients in the order the
+    uninterrupted run did: bit-exact resume with 3 or more ranks (docs/resume.md). false: PyTorch's
+    own first layout, whose first step after each resume sums in another order. `ctx.ddp` gets
+    exactness from its priming step instead and ignores this."""
 
     def __post_init__(self) -> None:
         if self.bucket_cap_mb is not None and self.bucket_cap_mb <= 0:

@@ -100,8 +100,8 @@ def _script_env(spec: RankSpec, dist: DistEnv, steps: str) -> dict[str, str]:
         scriptrun.STEP_FILE_ENV: steps,
         stop.STORE_ENV: f"{dist.master_addr}:{dist.master_port}",
     }
-    if spec.settings.ddp.param_order_buckets:
-        env[scriptrun.PARAM_ORDER_BUCKETS_ENV] = "1"
+    if spec.settings.ddp.resume_buckets:
+        env[scriptrun.RESUME_BUCKETS_ENV] = "1"
     if spec.settings.integrations == "auto":
         env[scriptrun.AUTO_ENV] = "1"
     if spec.dist.hang_timeout_s != 0:

@@ -41,15 +41,15 @@ from pathlib import Path
 from typing import Any
 
 from slurmddp.defaults import ALWAYS_STOP_ON, STOP_SIGNAL, STOP_SIGNALS_ENV
-from slurmddp.job import autoload, signals, stop
+from slurmddp.job import autoload, ddp_buckets, signals, stop
 
 STEP_FILE_ENV = "SLURMDDP_STEP_FILE"
 WATCH_ENV = "SLURMDDP_WATCH"
 """JSON of the rank's DistEnv and `hang_timeout_s`; absent: no watchdog (dist.hang_timeout_s=0)."""
 FINISHED = b"finished"
 """Bytes 8-16 of the step file once the script ended with status 0 and its exit handlers ran."""
-PARAM_ORDER_BUCKETS_ENV = "SLURMDDP_PARAM_ORDER_BUCKETS"
-"""Set (`ddp.param_order_buckets`): every DDP the script builds buckets in parameter order."""
+RESUME_BUCKETS_ENV = "SLURMDDP_RESUME_BUCKETS"
+"""Set (`ddp.resume_buckets`): a later attempt builds each DDP in the layout the first rebuilt."""
 AUTO_ENV = "SLURMDDP_INTEGRATIONS_AUTO"
 """Set (`integrations: auto`): framework Trainers get slurmddp's callback when their module loads."""
 STOPPED_AT = 16
@@ -158,8 +158,8 @@ def main(argv: list[str]) -> None:
     from torch.optim.optimizer import register_optimizer_step_post_hook
 
     register_optimizer_step_post_hook(steps.step)
-    if os.environ.get(PARAM_ORDER_BUCKETS_ENV):
-        _param_order_buckets()
+    if os.environ.get(RESUME_BUCKETS_ENV):
+        ddp_buckets.install(Path(os.environ["SLURMDDP_RUN_DIR"]), int(os.environ.get("RANK", "0")))
     if os.environ.get(AUTO_ENV):
         autoload.install()
     watchdog = _watchdog()
@@ -177,27 +177,6 @@ def main(argv: list[str]) -> None:
         print(f"slurmddp: {exc}", file=sys.stderr, flush=True)
         return
     steps.succeeded = True
-
-
-def _param_order_buckets() -> None:
-    """Every DDP built in the script lays out its gradient buckets in parameter order before its
-    first step, on every attempt. PyTorch's own layout is rebuilt after the first backward from the
-    order the gradients became ready, so a resumed process would sum its first step's gradients
-    in the initial layout while the uninterrupted run summed that step in the rebuilt one: with 3
-    or more ranks, other bits (docs/resume.md, "The priming step"). Pushing every parameter as
-    "rebuilt" makes the reducer rebuild once, at the first forward, in parameter order; it never
-    rebuilds again. A DDP that finds unused parameters never rebuilds and is left alone."""
-    from torch.nn.parallel import DistributedDataParallel
-
-    original = DistributedDataParallel.__init__
-
-    def init(self: Any, *args: Any, **kwargs: Any) -> None:
-        original(self, *args, **kwargs)
-        reducer = getattr(self, "reducer", None)
-        if reducer is not None and not self.find_unused_parameters:
-            reducer._push_all_rebuilt_params()
-
-    DistributedDataParallel.__init__ = init  # type: ignore[method-assign]
 
 
 def _run(argv: list[str]) -> None:

@@ -40,8 +40,9 @@ def submit(out: Path, experiment: str, *overrides: str) -> subprocess.Popen[str]
 
 
 def steps_done(run: Path, rank: int = 0) -> list[int]:
+    """The steps rank `rank` made, in order (each line of its log: the step, then its time)."""
     try:
-        return [int(line) for line in (run / f"steps-{rank}.log").read_text().split()]
+        return [int(line.split()[0]) for line in (run / f"steps-{rank}.log").read_text().splitlines()]
     except FileNotFoundError:
         return []
 

@@ -1,0 +1,127 @@
+"""What a script pays per step for being preemption-safe, in one run of 3 gloo ranks, interleaved
+finely enough to see 1 %.
+
+    python benchmarks/stop_overhead.py [--blocks 40] [--steps 25] [--width 256]
+
+Every rank holds three DDP copies of the same MLP (784 -> width -> width -> 10): untouched (the
+baseline); asking `slurmddp.should_stop()` after each optimizer step, over a rendezvous store that
+rank 0 hosts as a script rank's process does (one compare-and-set round trip a step); and the
+same with its gradient buckets laid out in parameter order before its first step, as a script's
+DDP gets them (`ddp.param_order_buckets`). They train in rotating blocks of `--steps` steps, so
+drift of the machine hits each within a second. Prints each one's median step time and, against
+the baseline, the median of the per-block ratios (target <= 1.01) and their quartiles.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import statistics
+import time
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from slurmddp.job.stop import Agreement
+
+RANKS = 3
+VARIANTS = ["plain", "should_stop", "param_order"]
+"""The first is the baseline."""
+
+
+def mlp(width: int) -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(
+        nn.Linear(784, width), nn.ReLU(), nn.Linear(width, width), nn.ReLU(), nn.Linear(width, 10)
+    )
+
+
+def block(model: Any, optimizer: Any, steps: int, batch: int, agreement: Agreement | None) -> float:
+    """Seconds per step over `steps` steps."""
+    inputs, targets = torch.randn(batch, 784), torch.randint(0, 10, (batch,))
+    dist.barrier()
+    started = time.perf_counter()
+    for _ in range(steps):
+        optimizer.zero_grad(set_to_none=True)
+        nn.functional.cross_entropy(model(inputs), targets).backward()
+        optimizer.step()
+        if agreement is not None and agreement.should_stop():
+            raise RuntimeError("no stop was asked")
+    return (time.perf_counter() - started) / steps
+
+
+def rank_main(rank: int, ports: tuple[int, int], args: argparse.Namespace, out: Any) -> None:
+    from torch._C._distributed_c10d import TCPStore
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{ports[0]}", rank=rank, world_size=RANKS)
+    # The script's store: hosted by rank 0's process, a client on every rank (as in a job).
+    host = TCPStore("127.0.0.1", ports[1], RANKS, rank == 0, timedelta(seconds=60), wait_for_workers=False)
+    client = TCPStore("127.0.0.1", ports[1], RANKS, False, timedelta(seconds=60))
+    agreement = Agreement(client, heard=lambda: None)
+    models = {name: DistributedDataParallel(mlp(args.width)) for name in VARIANTS}
+    models["param_order"].reducer._push_all_rebuilt_params()
+    asks = {"plain": None, "should_stop": agreement, "param_order": agreement}
+    optimizers = {name: torch.optim.SGD(m.parameters(), lr=0.01) for name, m in models.items()}
+    for name, model in models.items():  # warm-up: DDP's bucket rebuild, the allocator
+        block(model, optimizers[name], 5, args.batch, None)
+    rounds = []
+    for number in range(args.blocks):
+        shift = number % len(VARIANTS)
+        order = VARIANTS[shift:] + VARIANTS[:shift]
+        rounds.append(
+            {
+                name: block(models[name], optimizers[name], args.steps, args.batch, asks[name])
+                for name in order
+            }
+        )
+    if rank == 0:
+        out.put(rounds)
+    dist.barrier()
+    del host
+    dist.destroy_process_group()
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--blocks", type=int, default=40)
+    parser.add_argument("--steps", type=int, default=25)
+    parser.add_argument("--width", type=int, default=256)
+    parser.add_argument("--batch", type=int, default=16, help="samples per rank and step")
+    args = parser.parse_args()
+    queue: Any = mp.get_context("spawn").SimpleQueue()
+    ports = (free_port(), free_port())
+    mp.start_processes(rank_main, args=(ports, args, queue), nprocs=RANKS, start_method="spawn")
+    rounds = queue.get()
+    print(
+        f"{os.cpu_count()} cores, {RANKS} gloo ranks, {args.blocks} rounds of {args.steps} steps each, "
+        f"width {args.width}, {args.batch} samples a rank"
+    )
+    for name in VARIANTS:
+        median = statistics.median(r[name] for r in rounds)
+        line = f"{name:11s} median step {1000 * median:.3f} ms"
+        if name != VARIANTS[0]:
+            ratios = [r[name] / r[VARIANTS[0]] for r in rounds]
+            low, mid, high = statistics.quantiles(ratios, n=4)
+            line += f"; per-round ratio to {VARIANTS[0]}: median {mid:.4f} (quartiles {low:.4f}-{high:.4f})"
+        print(line)
+    print("target: <= 1.01")
+
+
+if __name__ == "__main__":
+    main()
