@@ -20,7 +20,7 @@ RequeueReason = Literal["preemption", "timeout", "failure"]
 RunKind = Literal["run", "sweep"]
 Autocast = Literal["none", "bfloat16", "float16"]
 OutputMode = Literal["private", "group"]
-IntegrationsMode = Literal["off", "auto"]
+IntegrationsMode = Literal["manual", "auto"]
 """Whether a script's framework Trainer gets slurmddp's preemption callback unasked (`integrations`)."""
 """Who may read the run directories slurmddp creates (`output_mode`)."""
 OUTPUT_DIR_MODES: dict[OutputMode, int] = {"private": 0o700, "group": 0o750}

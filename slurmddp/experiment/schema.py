@@ -420,11 +420,11 @@ class Experiment:
     precision: Precision = field(default_factory=Precision)
     telemetry: Telemetry = field(default_factory=Telemetry)
     trackers: Trackers = field(default_factory=Trackers)
-    integrations: IntegrationsMode = "off"
+    integrations: IntegrationsMode = "manual"
     """For a script entrypoint: `auto` gives every HF transformers `Trainer` and PyTorch Lightning
     `Trainer` the script builds slurmddp's preemption callback, as the one line of
     docs/frameworks/ would (it saves at the step every rank agreed to stop at and resumes from the
-    newest complete checkpoint); `off`: only what the script adds itself."""
+    newest complete checkpoint); `manual`: only what the script adds itself."""
     train: dict[str, Any] = field(default_factory=dict)
     """Free-form settings for the training code (ctx.config.train). `train.global_batch`, the
     number that goes to `ctx.loader(global_batch=...)`, must split evenly over the ranks."""
@@ -449,4 +449,9 @@ class Experiment:
             )
         if self.resources.gpus_per_node == 0 and self.dist.backend == "nccl":
             raise ConfigError("dist.backend: nccl needs GPUs; set resources.gpus_per_node or use gloo")
+        if self.integrations == "auto" and self.entrypoint.function is not None:
+            raise ConfigError(
+                "integrations: auto adds slurmddp's callback to the Trainer of a script or module "
+                "entrypoint; a function entrypoint's ctx.loop stops and resumes by itself: remove it"
+            )
         _global_batch_splits(self.train.get(GLOBAL_BATCH), self.resources)

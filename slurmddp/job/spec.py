@@ -41,7 +41,7 @@ class RunSettings:
     precision: Precision
     telemetry: Telemetry
     trackers: Trackers
-    integrations: IntegrationsMode = "off"
+    integrations: IntegrationsMode = "manual"
     """A script's framework Trainers get slurmddp's callback unasked (`auto`)."""
 
     @classmethod

@@ -132,6 +132,8 @@ def test_wrong_type_names_key(tmp_path: Path) -> None:
         ("ddp.bucket_cap_mb=0", "override 'ddp.bucket_cap_mb=0': must be > 0"),
         ("precision.autocast=fp16", "precision.autocast: 'fp16' is not one of none, bfloat16, float16"),
         ("trackers.wandb_mode=cloud", "trackers.wandb_mode"),
+        ("integrations=yes", "integrations: True is not one of manual, auto"),
+        ("integrations=auto", "a function entrypoint's ctx.loop stops and resumes by itself"),
     ],
 )
 def test_impossible_values(tmp_path: Path, override: str, needle: str) -> None:
