@@ -20,12 +20,15 @@ The package follows the flow of a submission; each sub-package is one side of it
     cluster/     facts about Slurm and the machine: host lists, time syntax, fabric detection,
                  and the one module that runs Slurm's commands
     cli/         argument parsing and entry points, one module per group of commands
+    integrations/ what a training script imports to be preemption-safe under its framework
     errors, files, yamlio, layout, defaults: leaf helpers
 
 Import rules (tests/test_architecture.py enforces them, imports inside functions included):
 - the leaf helpers import nothing of ours;
 - `cluster` imports only leaf helpers;
-- `job` never imports `submit`, `manage` or `cli`: a rank must not pull in login-node code;
+- `job` never imports `submit`, `manage`, `cli` or `integrations`: a rank must not pull in
+  login-node code, nor a framework;
+- `integrations` imports only `experiment` and `job`;
 - `submit` takes only the small picklable spec from `job` (`job.spec` and `job.rank`, its callable);
 - nothing imports `cli` (only `__main__` does), and `manage` never imports `cli`;
 - no cycles, between modules or between sub-packages.
