@@ -421,6 +421,15 @@ def ends(events: Sequence[AttemptEvent]) -> list[End]:
     return [event for event in events if isinstance(event, End)]
 
 
+def local_attempt(events: Sequence[AttemptEvent], job_id: str) -> AttemptId:
+    """The attempt of local job `job_id` that starts (or runs) now. submitit's local controller
+    counts no restarts: it starts every task again once all of the previous attempt's have exited,
+    rank 0 having recorded that attempt's end, so every rank of an attempt counts the same ends.
+    A resubmitted run is a new job, counted from 0 again."""
+    ended = [e for e in ends(current(events)) if e.attempt_id is not None and e.attempt_id.job_id == job_id]
+    return AttemptId(job_id, len(ended))
+
+
 def final_end(events: Sequence[AttemptEvent]) -> End | None:
     """The record that ended the run for good (completed, cancelled, out of budget), if any."""
     found = ends(current(events))
