@@ -44,7 +44,9 @@ def interrupt(ref: str, reason: RequeueReason, index: int | None = None) -> str:
     element = target.element(index)
     config: Any = yamlio.load((element.dir / CONFIG).read_text())
     name = str(config.get("requeue", {}).get("signal", STOP_SIGNAL))
-    said = target.backend.interrupt(element.dir, element.job_id, element.logs, reason, name)
+    entrypoint = config.get("entrypoint")
+    script = isinstance(entrypoint, dict) and entrypoint.get("function") is None
+    said = target.backend.interrupt(element.dir, element.job_id, element.logs, reason, name, script)
     return f"{said}; run dir {element.dir}"
 
 

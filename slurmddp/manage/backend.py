@@ -61,11 +61,18 @@ class Backend(Protocol):
         """Refuse, before anything is submitted, a plan the scheduler would refuse."""
 
     def interrupt(
-        self, run_dir: Path, job_id: str | None, logs: Path, reason: RequeueReason, name: str
+        self,
+        run_dir: Path,
+        job_id: str | None,
+        logs: Path,
+        reason: RequeueReason,
+        name: str,
+        script: bool = False,
     ) -> str:
         """Send the ranks of the running job what Slurm sends on a preemption or near its time
         limit (the stop signal SIG`name`), having recorded which of the two it stands for under
-        the ids its ranks see (interrupt.json); what was done. Refuses a job that is not running."""
+        the ids its ranks see (interrupt.json); what was done. Refuses a job that is not running.
+        `script`: its ranks run a script (or module) entrypoint, as their children."""
 
     def partition_nodes(self, partition: str | None) -> int | None:
         """The nodes a job may span in `partition` (None: the default one); None where unknown
@@ -113,7 +120,13 @@ class LocalBackend:
         return None
 
     def interrupt(
-        self, run_dir: Path, job_id: str | None, logs: Path, reason: RequeueReason, name: str
+        self,
+        run_dir: Path,
+        job_id: str | None,
+        logs: Path,
+        reason: RequeueReason,
+        name: str,
+        script: bool = False,
     ) -> str:
         # Slurm signals every task of the step; here the ranks are the controller's tasks
         # (manage/local_ranks.py). A script rank passes the signal on to its script as SIGTERM.
@@ -126,7 +139,7 @@ class LocalBackend:
                 "job can be interrupted"
             )
         signum = local_ranks.signal_number(name)
-        ranks = _ready_ranks(job_id, logs, signum, LOCAL_READY_WAIT_S)
+        ranks = _ready_ranks(job_id, logs, signum, script, LOCAL_READY_WAIT_S)
         # The ids the ranks of this attempt counted when they started (records.local_attempt).
         attempt = records.local_attempt(records.read_attempts(run_dir), job_id)
         Interrupt(reason, attempt).write(run_dir)
@@ -143,11 +156,21 @@ class LocalBackend:
 
 
 LOCAL_READY_WAIT_S = 30.0
-"""How long `interrupt` waits for every rank of a local job to run with its stop-signal handler
-(between two attempts, or while a rank starts, some are missing or would die of the signal)."""
+"""How long `interrupt` waits for every rank of a local job to be ready for the stop signal
+(between two attempts, or while a rank starts, some are missing or would die of it)."""
 
 
-def _ready_ranks(job_id: str, logs: Path, signum: int, wait_s: float) -> list[local_ranks.Task]:
+def _ready(task: local_ranks.Task, signum: int, script: bool) -> bool:
+    """Whether the rank runs with its stop-signal handler and, for a script, has started its
+    script with its own: the rank passes the signal on to the script only once it runs, and a
+    script stopped before every rank reached the rank 0's store leaves the late ones waiting
+    on it (dist.timeout_s)."""
+    if signum not in task.catches:
+        return False
+    return not script or (task.script_catches is not None and signal.SIGTERM in task.script_catches)
+
+
+def _ready_ranks(job_id: str, logs: Path, signum: int, script: bool, wait_s: float) -> list[local_ranks.Task]:
     deadline = time.monotonic() + wait_s
     while True:
         world = local_ranks.world_size(job_id, logs)
@@ -156,14 +179,13 @@ def _ready_ranks(job_id: str, logs: Path, signum: int, wait_s: float) -> list[lo
                 f"local job {job_id} is not running: its controller (process {job_id}, submitit's "
                 f"local executor for {logs}) has ended; only a running job can be interrupted"
             )
-        found = local_ranks.tasks(job_id, logs)
-        ready = [task for task in found if signum in task.catches]
+        ready = [task for task in local_ranks.tasks(job_id, logs) if _ready(task, signum, script)]
         if len(ready) == world:
             return ready
         if time.monotonic() >= deadline:
             raise SlurmddpError(
-                f"local job {job_id}: {len(ready)} of its {world} ranks run with their stop-signal "
-                f"handler after {wait_s:.0f} s (they are starting or ending); try again"
+                f"local job {job_id}: {len(ready)} of its {world} ranks are ready for the stop "
+                f"signal after {wait_s:.0f} s (they are starting or ending); try again"
             )
         time.sleep(0.1)
 
@@ -199,7 +221,13 @@ class SlurmBackend:
         submitter.check_schedulable(plan)
 
     def interrupt(
-        self, run_dir: Path, job_id: str | None, logs: Path, reason: RequeueReason, name: str
+        self,
+        run_dir: Path,
+        job_id: str | None,
+        logs: Path,
+        reason: RequeueReason,
+        name: str,
+        script: bool = False,
     ) -> str:
         state = (slurm.queue_state(job_id) or "no longer in the queue") if job_id else "not submitted"
         if job_id is None or state != "RUNNING":

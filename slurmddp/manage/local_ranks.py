@@ -21,6 +21,7 @@ from pathlib import Path
 
 CONTROLLER = b"submitit.local._local"
 TASK = b"submitit.core._submit"
+SCRIPT = b"slurmddp.job.scriptrun"
 
 
 @dataclass(frozen=True)
@@ -29,6 +30,9 @@ class Task:
     rank: int
     catches: frozenset[int]
     """The signals the process has a handler for (its stop-signal flag once it is installed)."""
+    script_catches: frozenset[int] | None = None
+    """A script rank's script (job/scriptrun.py, the rank's child): the signals it has a handler
+    for; None while it has not been started."""
 
 
 def controller(job_id: str, logs: Path, proc: Path = Path("/proc")) -> int | None:
@@ -46,23 +50,31 @@ def tasks(job_id: str, logs: Path, proc: Path = Path("/proc")) -> list[Task]:
     parent = controller(job_id, logs, proc)
     if parent is None:
         return []
+    statuses = {
+        int(entry.name): status
+        for entry in proc.iterdir()
+        if entry.name.isdigit() and (status := _status(entry)) is not None
+    }
     found = []
-    for entry in proc.iterdir():
-        if not entry.name.isdigit():
+    for pid, status in statuses.items():
+        if status.get("PPid") != str(parent):
             continue
-        status = _status(entry)
-        if status is None or status.get("PPid") != str(parent):
-            continue
-        cmdline = _cmdline(entry)
+        cmdline = _cmdline(proc / str(pid))
         if cmdline is None or TASK not in cmdline or not _names(cmdline, logs):
             continue
-        environ = _environ(entry)
+        environ = _environ(proc / str(pid))
         if environ is None or environ.get("SUBMITIT_LOCAL_JOB_ID") != job_id:
             continue
         rank = environ.get("SUBMITIT_LOCAL_GLOBALID", "")
         if not rank.isdigit():
             continue
-        found.append(Task(int(entry.name), int(rank), _caught(status.get("SigCgt", "0"))))
+        scripts = [
+            _caught(child.get("SigCgt", "0"))
+            for child_pid, child in statuses.items()
+            if child.get("PPid") == str(pid) and SCRIPT in (_cmdline(proc / str(child_pid)) or [])
+        ]
+        caught = _caught(status.get("SigCgt", "0"))
+        found.append(Task(pid, int(rank), caught, scripts[0] if scripts else None))
     return sorted(found, key=lambda task: task.rank)
 
 

@@ -17,7 +17,7 @@ from slurmddp.job.records import AttemptId, Begin, End
 from slurmddp.manage import actions, backend, local_ranks, report, runs
 from slurmddp.manage.local_ranks import Task
 
-USR2 = int(signal.SIGUSR2)
+USR2, TERM = int(signal.SIGUSR2), int(signal.SIGTERM)
 JOB = "4242"
 
 
@@ -41,8 +41,8 @@ def test_the_ranks_are_the_controllers_tasks_and_nothing_else(tmp_path: Path) ->
     fake_process(proc, 102, 100, task, {**env, "SUBMITIT_LOCAL_GLOBALID": "1"})
     # A DataLoader worker forked from rank 0: the same command line and environment.
     fake_process(proc, 103, 101, task, {**env, "SUBMITIT_LOCAL_GLOBALID": "0"})
-    # A script rank's child.
-    fake_process(proc, 104, 101, ["python", "-m", "slurmddp.job.scriptrun", "train.py"], env)
+    # Rank 0's script, with its stop-signal handler.
+    fake_process(proc, 104, 101, ["python", "-m", "slurmddp.job.scriptrun", "train.py"], env, 1 << (TERM - 1))
     # Another run's controller and task; a task of this controller for another folder.
     fake_process(proc, 200, 1, ["python", "-m", "submitit.local._local", str(other)], {})
     fake_process(proc, 201, 200, [*task[:-1], str(other)], {**env, "SUBMITIT_LOCAL_JOB_ID": "200"})
@@ -53,6 +53,8 @@ def test_the_ranks_are_the_controllers_tasks_and_nothing_else(tmp_path: Path) ->
     found = local_ranks.tasks("100", logs, proc)
     assert [(t.pid, t.rank) for t in found] == [(101, 0), (102, 1)]
     assert USR2 in found[0].catches and USR2 not in found[1].catches
+    # Rank 0's script, not rank 1's (not started yet).
+    assert found[0].script_catches == frozenset({TERM}) and found[1].script_catches is None
     assert local_ranks.world_size("100", logs, proc) == 2
     assert local_ranks.tasks("300", logs, proc) == [] and local_ranks.world_size("300", logs, proc) is None
     assert local_ranks.tasks("100", other, proc) == []
@@ -122,10 +124,36 @@ def test_the_ranks_are_signalled_once_each_runs_its_handler(
     monkeypatch.setattr(local_ranks, "tasks", lambda job, logs: [Task(11, 0, frozenset({USR2}))])
     monkeypatch.setattr(backend, "LOCAL_READY_WAIT_S", 0.3)
     with pytest.raises(
-        SlurmddpError, match="local job 4242: 1 of its 2 ranks run with their stop-signal handler"
+        SlurmddpError, match="local job 4242: 1 of its 2 ranks are ready for the stop signal after 0 s"
     ):
         actions.interrupt(str(run), "preemption")
     assert len(sent) == 1
+
+
+def test_a_script_rank_is_ready_once_its_script_runs_with_its_handler(
+    run: Path, monkeypatch: pytest.MonkeyPatch, sent: list[tuple[list[int], int]]
+) -> None:
+    """Its rank passes the signal on only to a script it started; stopped before every rank
+    reached rank 0's store, the script would leave the late ranks waiting on it."""
+    (run / "config.yaml").write_text("entrypoint:\n  function: null\n  script: train.py\n")
+    handled = frozenset({USR2})
+    polls = iter(
+        [
+            [Task(11, 0, handled), Task(12, 1, handled)],
+            [Task(11, 0, handled, frozenset({TERM})), Task(12, 1, handled, frozenset())],
+        ]
+    )
+    ready = [Task(11, 0, handled, frozenset({TERM})), Task(12, 1, handled, frozenset({TERM}))]
+    seen: list[list[Task]] = []
+
+    def tasks(job: str, logs: Path) -> list[Task]:
+        seen.append(next(polls, ready))
+        return seen[-1]
+
+    monkeypatch.setattr(local_ranks, "world_size", lambda job, logs: 2)
+    monkeypatch.setattr(local_ranks, "tasks", tasks)
+    actions.interrupt(str(run), "preemption")
+    assert len(seen) == 3 and sent == [([11, 12], USR2)]
 
 
 def test_an_ended_local_run_is_refused_with_why(
