@@ -290,7 +290,7 @@ class Interrupt:
 
 @dataclass(frozen=True)
 class Begin:
-    """attempts.jsonl: the batch script starts an attempt."""
+    """attempts.jsonl: the batch script (a local run's rank 0) starts an attempt."""
 
     attempt: int
     time: float
@@ -323,7 +323,7 @@ class End:
     attempt: int | None = None
     """None: a cancel, which ends the run rather than one attempt."""
     status: int | None = None
-    """srun's exit status; None where the batch script did not see it end."""
+    """srun's exit status (a local run: its rank 0's); None where nobody saw it end."""
     attempt_id: AttemptId | None = None
     """None where written from outside the attempt (a cancel, an attempt found killed)."""
 
