@@ -139,9 +139,7 @@ class LocalBackend:
                 "job can be interrupted"
             )
         signum = local_ranks.signal_number(name)
-        ranks = _ready_ranks(job_id, logs, signum, script, LOCAL_READY_WAIT_S)
-        # The ids the ranks of this attempt counted when they started (records.local_attempt).
-        attempt = records.local_attempt(records.read_attempts(run_dir), job_id)
+        attempt, ranks = _ready_ranks(run_dir, job_id, logs, signum, script, LOCAL_READY_WAIT_S)
         Interrupt(reason, attempt).write(run_dir)
         sent = local_ranks.send([task.pid for task in ranks], signum)
         pids = ", ".join(map(str, sent))
@@ -170,7 +168,12 @@ def _ready(task: local_ranks.Task, signum: int, script: bool) -> bool:
     return not script or (task.script_catches is not None and signal.SIGTERM in task.script_catches)
 
 
-def _ready_ranks(job_id: str, logs: Path, signum: int, script: bool, wait_s: float) -> list[local_ranks.Task]:
+def _ready_ranks(
+    run_dir: Path, job_id: str, logs: Path, signum: int, script: bool, wait_s: float
+) -> tuple[AttemptId, list[local_ranks.Task]]:
+    """The attempt that runs now and its ranks, once every rank is ready for the stop signal and
+    the attempt has begun: after its rank 0 recorded an attempt's end, the ranks still there are
+    that attempt's, on their way out; the next attempt's rank 0 records its begin first thing."""
     deadline = time.monotonic() + wait_s
     while True:
         world = local_ranks.world_size(job_id, logs)
@@ -179,9 +182,13 @@ def _ready_ranks(job_id: str, logs: Path, signum: int, script: bool, wait_s: flo
                 f"local job {job_id} is not running: its controller (process {job_id}, submitit's "
                 f"local executor for {logs}) has ended; only a running job can be interrupted"
             )
+        events = records.read_attempts(run_dir)
+        # The ids every rank of the attempt counted when it started (records.local_attempt).
+        attempt = records.local_attempt(events, job_id)
+        begun = any(b.attempt_id == attempt for b in records.begins(records.current(events)))
         ready = [task for task in local_ranks.tasks(job_id, logs) if _ready(task, signum, script)]
-        if len(ready) == world:
-            return ready
+        if begun and len(ready) == world:
+            return attempt, ready
         if time.monotonic() >= deadline:
             raise SlurmddpError(
                 f"local job {job_id}: {len(ready)} of its {world} ranks are ready for the stop "

@@ -130,6 +130,29 @@ def test_the_ranks_are_signalled_once_each_runs_its_handler(
     assert len(sent) == 1
 
 
+def test_between_two_attempts_the_signal_waits_for_the_next_ones_begin(
+    run: Path, monkeypatch: pytest.MonkeyPatch, sent: list[tuple[list[int], int]]
+) -> None:
+    """Rank 0 recorded the end of attempt 1; the ranks still there are attempt 1's, leaving."""
+    ended = End("preemption", 3, time.time(), True, False, "preemption at step 3", 0, 144, AttemptId(JOB, 0))
+    records.append_attempt(run, ended)
+    ranks = [Task(11, 0, frozenset({USR2})), Task(12, 1, frozenset({USR2}))]
+    polls: list[int] = []
+
+    def tasks(job: str, logs: Path) -> list[Task]:
+        polls.append(len(polls))
+        if len(polls) == 3:  # the controller started attempt 2; its rank 0 records its begin
+            records.append_attempt(run, Begin(1, time.time(), "laptop", "laptop", AttemptId(JOB, 1)))
+        return ranks
+
+    monkeypatch.setattr(local_ranks, "world_size", lambda job, logs: 2)
+    monkeypatch.setattr(local_ranks, "tasks", tasks)
+    said = actions.interrupt(str(run), "preemption")
+    assert len(polls) == 4 and sent == [([11, 12], USR2)]
+    assert json.loads((run / "interrupt.json").read_text())["restart_count"] == 1
+    assert "attempt 2, as a preemption" in said
+
+
 def test_a_script_rank_is_ready_once_its_script_runs_with_its_handler(
     run: Path, monkeypatch: pytest.MonkeyPatch, sent: list[tuple[list[int], int]]
 ) -> None:
