@@ -395,7 +395,12 @@ def read_attempts(run_dir: Path) -> list[AttemptEvent]:
     path = run_dir / ATTEMPTS
     if not path.is_file():
         return []
-    return [_event(json.loads(line)) for line in path.read_text().splitlines() if line.strip()]
+    text = path.read_text()
+    if not text.endswith("\n"):
+        # A line being appended as this reads (a local rank starting while its rank 0 records the
+        # attempt's begin): not there yet.
+        text = text[: text.rfind("\n") + 1]
+    return [_event(json.loads(line)) for line in text.splitlines() if line.strip()]
 
 
 def append_attempt(run_dir: Path, event: AttemptEvent) -> None:

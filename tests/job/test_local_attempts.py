@@ -135,3 +135,12 @@ def test_a_stop_of_a_finished_attempt_is_still_its_completion(tmp_path: Path, st
     Stop(3, "SIGUSR2", time.time(), me, time.time()).write(path)
     ended = attempts.end_local(path, me, status, time.time())
     assert ended is not None and ended.reason == "completed"
+
+
+def test_a_line_being_appended_is_not_read_yet(tmp_path: Path) -> None:
+    path = run_dir(tmp_path)
+    me = start(path)
+    with (path / "attempts.jsonl").open("a") as handle:
+        handle.write('{"event": "end", "reason": "compl')
+    assert [type(e).__name__ for e in records.read_attempts(path)] == ["Begin"]
+    assert records.local_attempt(records.read_attempts(path), JOB) == me
