@@ -3,7 +3,11 @@
     python -m slurmddp.job.attempts begin RUN_DIR           (before srun)
     python -m slurmddp.job.attempts end RUN_DIR STATUS      (after srun, with srun's exit status)
 
-It runs in the batch script, on the job's first node and outside any container the ranks may run
+A local run has no batch script: its rank 0 records each attempt itself (`begin_local`,
+`end_local`), and submitit's local controller starts the ranks again when one exits with
+LOCAL_REQUEUE_STATUS.
+
+The batch script's side runs on the job's first node and outside any container the ranks may run
 in, so `squeue`/`scontrol` are at hand even when the ranks' image lacks them. The history lives in
 RUN_DIR/attempts.jsonl (job/records.py), not in a pickle: sacct shows only a job's last
 allocation, and this log is what `status` and the budgets read. The policy is job/requeue.py.
@@ -19,9 +23,9 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from slurmddp.cluster import slurm
-from slurmddp.defaults import EXIT_FINISHED
+from slurmddp.defaults import EXIT_FINISHED, LOCAL_REQUEUE_STATUS, RequeueReason
 from slurmddp.job import records
-from slurmddp.job.records import CANCELLED, AttemptId, Begin, End, Exclusions
+from slurmddp.job.records import CANCELLED, AttemptId, Begin, End, Exclusions, Failure, Interrupt, Stop
 from slurmddp.job.requeue import (
     Decision,
     FailedNodes,
@@ -129,6 +133,89 @@ def end(
         # The job may already be on its way back (a preemption in REQUEUE mode requeues by itself).
         print(f"slurmddp: scontrol requeue {target}: {refused}", file=sys.stderr)
     return 0
+
+
+LOCAL_STARTS = 6
+"""How many times submitit's local controller starts a job's tasks at most (submitit 1.5's
+`Controller.run(max_retry=6)`): a stop of the last start is not followed by another."""
+LOCAL_TIME_SIGNAL = "SIGUSR2"
+"""What submitit's local controller sends `requeue.signal_lead_s` before `resources.time`."""
+
+
+def begin_local(run_dir: Path, attempt: AttemptId, host: str, now: float) -> None:
+    """Rank 0 of a local run: record the start of `attempt` (records.local_attempt)."""
+    started = len(records.begins(records.read_attempts(run_dir)))
+    records.append_attempt(run_dir, Begin(started, now, host, host, attempt))
+
+
+def end_local(run_dir: Path, attempt: AttemptId, status: int, now: float) -> End | None:
+    """Rank 0 of a local run: record how `attempt` ended, from the status its rank leaves with (0,
+    LOCAL_REQUEUE_STATUS after a stop, anything else a failure) and the attempt's records; returns
+    the record, or None where the attempt was closed already (a cancel, or a second call)."""
+    events = records.read_attempts(run_dir)
+    final = records.final_end(events)
+    if final is not None and final.reason == CANCELLED:
+        return None
+    if any(e.attempt_id == attempt for e in records.ends(events)):
+        return None
+    decision = decide_local(run_dir, attempt, status, records.current(events))
+    ended = End(
+        decision.reason,
+        decision.step,
+        now,
+        requeue=decision.requeue,
+        final=not decision.requeue,
+        message=decision.message,
+        attempt=max(0, len(records.begins(events)) - 1),
+        status=status,
+        attempt_id=attempt,
+    )
+    records.append_attempt(run_dir, ended)
+    return ended
+
+
+def decide_local(run_dir: Path, attempt: AttemptId, status: int, era: list[records.AttemptEvent]) -> Decision:
+    """How a local attempt ended. The local controller starts the ranks again only after a stop
+    (a rank leaving with LOCAL_REQUEUE_STATUS), never after a failure, and at most LOCAL_STARTS
+    times; a stop's requeue budget is the run's, as on Slurm."""
+    stop = Stop.read_for(run_dir, attempt)
+    if records.completed_by(run_dir, attempt) or (status == 0 and stop is None):
+        return Decision("completed", progress_step(run_dir), False, "completed")
+    if status != LOCAL_REQUEUE_STATUS or stop is None:
+        failure = Failure.read_for(run_dir, attempt)
+        step = failure.step if failure is not None else progress_step(run_dir)
+        where = f" at step {step}" if step is not None else ""
+        error = f": {failure.error}" if failure is not None else f" (rank 0 left with status {status})"
+        return Decision("failure", step, False, f"failure{where}{error}; a local run is not retried")
+    reason, why = _local_reason(run_dir, attempt, stop)
+    allowed = Settings.of_run(run_dir).budget(reason)
+    used = sum(1 for e in records.ends(era) if e.reason == reason) + 1
+    where = f" at step {stop.step}" if stop.step is not None else ""
+    if allowed >= 0 and used > allowed:
+        spent = f"{reason} budget spent ({used - 1} requeues of {allowed} allowed){why}"
+        return Decision(reason, stop.step, False, spent)
+    if attempt.restart_count + 1 >= LOCAL_STARTS:
+        return Decision(
+            reason,
+            stop.step,
+            False,
+            f"{reason}{where}{why}; submitit's local executor starts a job at most {LOCAL_STARTS} "
+            "times: not restarting",
+        )
+    budget = "unlimited" if allowed < 0 else str(allowed)
+    return Decision(reason, stop.step, True, f"{reason}{where}{why}; requeue {used} (budget {budget})")
+
+
+def _local_reason(run_dir: Path, attempt: AttemptId, stop: Stop) -> tuple[RequeueReason, str]:
+    """`slurmddp interrupt` names the reason itself; otherwise the stop signal of submitit's local
+    controller is its time limit, and any other (a TERM from outside slurmddp) stands for a
+    preemption."""
+    forced = Interrupt.read_for(run_dir, attempt)
+    if forced is not None:
+        return forced.reason, ""
+    if stop.signal == LOCAL_TIME_SIGNAL:
+        return "timeout", ""
+    return "preemption", f" ({stop.signal} from outside slurmddp)"
 
 
 def main(argv: list[str]) -> int:

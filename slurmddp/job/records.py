@@ -290,7 +290,7 @@ class Interrupt:
 
 @dataclass(frozen=True)
 class Begin:
-    """attempts.jsonl: the batch script starts an attempt."""
+    """attempts.jsonl: the batch script (a local run's rank 0) starts an attempt."""
 
     attempt: int
     time: float
@@ -323,7 +323,7 @@ class End:
     attempt: int | None = None
     """None: a cancel, which ends the run rather than one attempt."""
     status: int | None = None
-    """srun's exit status; None where the batch script did not see it end."""
+    """srun's exit status (a local run: its rank 0's); None where nobody saw it end."""
     attempt_id: AttemptId | None = None
     """None where written from outside the attempt (a cancel, an attempt found killed)."""
 
@@ -395,7 +395,12 @@ def read_attempts(run_dir: Path) -> list[AttemptEvent]:
     path = run_dir / ATTEMPTS
     if not path.is_file():
         return []
-    return [_event(json.loads(line)) for line in path.read_text().splitlines() if line.strip()]
+    text = path.read_text()
+    if not text.endswith("\n"):
+        # A line being appended as this reads (a local rank starting while its rank 0 records the
+        # attempt's begin): not there yet.
+        text = text[: text.rfind("\n") + 1]
+    return [_event(json.loads(line)) for line in text.splitlines() if line.strip()]
 
 
 def append_attempt(run_dir: Path, event: AttemptEvent) -> None:
@@ -419,6 +424,15 @@ def begins(events: Sequence[AttemptEvent]) -> list[Begin]:
 
 def ends(events: Sequence[AttemptEvent]) -> list[End]:
     return [event for event in events if isinstance(event, End)]
+
+
+def local_attempt(events: Sequence[AttemptEvent], job_id: str) -> AttemptId:
+    """The attempt of local job `job_id` that starts (or runs) now. submitit's local controller
+    counts no restarts: it starts every task again once all of the previous attempt's have exited,
+    rank 0 having recorded that attempt's end, so every rank of an attempt counts the same ends.
+    A resubmitted run is a new job, counted from 0 again."""
+    ended = [e for e in ends(current(events)) if e.attempt_id is not None and e.attempt_id.job_id == job_id]
+    return AttemptId(job_id, len(ended))
 
 
 def final_end(events: Sequence[AttemptEvent]) -> End | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import importlib.util
 import json
@@ -49,6 +50,10 @@ def run_rank(spec: RankSpec) -> Any:
         dist = mpi.from_mpi({**os.environ, **spec.env}, port=spec.dist.port)
     else:
         dist = distenv.from_environment(os.environ, port=spec.dist.port)
+    if spec.executor == "local":
+        # submitit's local controller counts no restarts: the run's attempt records do.
+        attempt = records.local_attempt(records.read_attempts(Path(spec.run_dir)), dist.job_id)
+        dist = dataclasses.replace(dist, restart_count=attempt.restart_count)
     # Each rank's own stderr starts by naming the rank, so a traceback read alone says whose it is.
     print(
         f"slurmddp: rank {dist.rank} of {dist.world_size} (node {dist.node_rank}, "
@@ -57,6 +62,43 @@ def run_rank(spec: RankSpec) -> Any:
         file=sys.stderr,
         flush=True,
     )
+    if spec.executor == "local" and dist.rank == 0:
+        return _local_attempt(spec, dist)
+    return _run_entrypoint(spec, dist)
+
+
+def _local_attempt(spec: RankSpec, dist: DistEnv) -> Any:
+    """Rank 0 of a local run records its attempt's begin and end, as Slurm's batch script does
+    around srun; the end before this rank exits, so that the controller's next start (which
+    waits for every rank to exit) counts it."""
+    run_dir = Path(spec.run_dir)
+    me = AttemptId(dist.job_id, dist.restart_count)
+    attempts.begin_local(run_dir, me, socket.gethostname(), time.time())
+    try:
+        outcome = _run_entrypoint(spec, dist)
+    except SystemExit as exc:
+        status = exc.code if isinstance(exc.code, int) else 0 if exc.code is None else 1
+        _end_local(run_dir, me, status)
+        raise
+    except BaseException:
+        _end_local(run_dir, me, 1)
+        raise
+    _end_local(run_dir, me, 0)
+    return outcome
+
+
+def _end_local(run_dir: Path, me: AttemptId, status: int) -> None:
+    try:
+        ended = attempts.end_local(run_dir, me, status, time.time())
+    except Exception as exc:
+        # The attempt's own outcome stands; only its record is missing.
+        print(f"slurmddp: warning: could not record the attempt's end: {exc!r}", file=sys.stderr, flush=True)
+        return
+    if ended is not None and ended.reason != "completed":
+        print(f"slurmddp: attempt ended: {ended.message}", file=sys.stderr, flush=True)
+
+
+def _run_entrypoint(spec: RankSpec, dist: DistEnv) -> Any:
     # Before torch is imported: OMP_NUM_THREADS and NCCL_* are read at import / init time.
     os.environ.update(distenv.rank_env(dist))
     os.environ.update(fabric_env(spec, dist))

@@ -18,11 +18,9 @@ from slurmddp.experiment.resubmit import accumulate_for, check_changes
 from slurmddp.job import records
 from slurmddp.job.records import (
     CANCELLED,
-    AttemptId,
     End,
     Exclusion,
     Exclusions,
-    Interrupt,
     Progress,
     Resubmit,
 )
@@ -44,19 +42,12 @@ def interrupt(ref: str, reason: RequeueReason, index: int | None = None) -> str:
     which of the two it stands for; returns what was done."""
     target = runs.resolve(ref)
     element = target.element(index)
-    job = element.job_id
-    state = (slurm.queue_state(job) or "no longer in the queue") if job else "not submitted"
-    if job is None or state != "RUNNING":
-        raise SlurmddpError(f"job {job} is {state}: only a running job can be interrupted")
-    fields = slurm.job_fields(job)
-    # An array task's own job id is what its ranks see as SLURM_JOB_ID.
-    if "JobId" not in fields or not fields.get("Restarts", "").isdigit():
-        raise SlurmddpError(f"scontrol show job {job} names no JobId and Restarts; has it just ended?")
     config: Any = yamlio.load((element.dir / CONFIG).read_text())
     name = str(config.get("requeue", {}).get("signal", STOP_SIGNAL))
-    Interrupt(reason, AttemptId(fields["JobId"], int(fields["Restarts"]))).write(element.dir)
-    slurm.signal(job, name)
-    return f"sent SIG{name} to the ranks of job {job} as a {reason}; run dir {element.dir}"
+    entrypoint = config.get("entrypoint")
+    script = isinstance(entrypoint, dict) and entrypoint.get("function") is None
+    said = target.backend.interrupt(element.dir, element.job_id, element.logs, reason, name, script)
+    return f"{said}; run dir {element.dir}"
 
 
 def cancel(ref: str, index: int | None = None) -> list[str]:

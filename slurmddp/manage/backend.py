@@ -10,14 +10,19 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Protocol
 
 from slurmddp.cluster import slurm
 from slurmddp.cluster.slurm import Allocation, JobState
-from slurmddp.defaults import RunExecutor
+from slurmddp.defaults import RequeueReason, RunExecutor
+from slurmddp.errors import SlurmddpError
+from slurmddp.job import records
+from slurmddp.job.records import AttemptId, Interrupt
 from slurmddp.layout import FAILURE, RESULT
+from slurmddp.manage import local_ranks
 from slurmddp.submit import submitter
 from slurmddp.submit.plan import SubmissionPlan
 
@@ -54,6 +59,20 @@ class Backend(Protocol):
 
     def check_schedulable(self, plan: SubmissionPlan) -> None:
         """Refuse, before anything is submitted, a plan the scheduler would refuse."""
+
+    def interrupt(
+        self,
+        run_dir: Path,
+        job_id: str | None,
+        logs: Path,
+        reason: RequeueReason,
+        name: str,
+        script: bool = False,
+    ) -> str:
+        """Send the ranks of the running job what Slurm sends on a preemption or near its time
+        limit (the stop signal SIG`name`), having recorded which of the two it stands for under
+        the ids its ranks see (interrupt.json); what was done. Refuses a job that is not running.
+        `script`: its ranks run a script (or module) entrypoint, as their children."""
 
     def partition_nodes(self, partition: str | None) -> int | None:
         """The nodes a job may span in `partition` (None: the default one); None where unknown
@@ -100,9 +119,82 @@ class LocalBackend:
     def check_schedulable(self, plan: SubmissionPlan) -> None:
         return None
 
+    def interrupt(
+        self,
+        run_dir: Path,
+        job_id: str | None,
+        logs: Path,
+        reason: RequeueReason,
+        name: str,
+        script: bool = False,
+    ) -> str:
+        # Slurm signals every task of the step; here the ranks are the controller's tasks
+        # (manage/local_ranks.py). A script rank passes the signal on to its script as SIGTERM.
+        if job_id is None:
+            raise SlurmddpError(f"{run_dir} was not submitted: only a running job can be interrupted")
+        final = records.final_end(records.read_attempts(run_dir))
+        if final is not None:
+            raise SlurmddpError(
+                f"local job {job_id} is not running: the run ended ({final.message}); only a running "
+                "job can be interrupted"
+            )
+        signum = local_ranks.signal_number(name)
+        attempt, ranks = _ready_ranks(run_dir, job_id, logs, signum, script, LOCAL_READY_WAIT_S)
+        Interrupt(reason, attempt).write(run_dir)
+        sent = local_ranks.send([task.pid for task in ranks], signum)
+        pids = ", ".join(map(str, sent))
+        return (
+            f"sent SIG{name} to the {len(sent)} ranks of local job {job_id} (processes {pids}), "
+            f"attempt {attempt.restart_count + 1}, as a {reason}"
+        )
+
     def partition_nodes(self, partition: str | None) -> int | None:
         # Every size runs on this machine.
         return None
+
+
+LOCAL_READY_WAIT_S = 30.0
+"""How long `interrupt` waits for every rank of a local job to be ready for the stop signal
+(between two attempts, or while a rank starts, some are missing or would die of it)."""
+
+
+def _ready(task: local_ranks.Task, signum: int, script: bool) -> bool:
+    """Whether the rank runs with its stop-signal handler and, for a script, has started its
+    script with its own: the rank passes the signal on to the script only once it runs, and a
+    script stopped before every rank reached the rank 0's store leaves the late ones waiting
+    on it (dist.timeout_s)."""
+    if signum not in task.catches:
+        return False
+    return not script or (task.script_catches is not None and signal.SIGTERM in task.script_catches)
+
+
+def _ready_ranks(
+    run_dir: Path, job_id: str, logs: Path, signum: int, script: bool, wait_s: float
+) -> tuple[AttemptId, list[local_ranks.Task]]:
+    """The attempt that runs now and its ranks, once every rank is ready for the stop signal and
+    the attempt has begun: after its rank 0 recorded an attempt's end, the ranks still there are
+    that attempt's, on their way out; the next attempt's rank 0 records its begin first thing."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        world = local_ranks.world_size(job_id, logs)
+        if world is None:
+            raise SlurmddpError(
+                f"local job {job_id} is not running: its controller (process {job_id}, submitit's "
+                f"local executor for {logs}) has ended; only a running job can be interrupted"
+            )
+        events = records.read_attempts(run_dir)
+        # The ids every rank of the attempt counted when it started (records.local_attempt).
+        attempt = records.local_attempt(events, job_id)
+        begun = any(b.attempt_id == attempt for b in records.begins(records.current(events)))
+        ready = [task for task in local_ranks.tasks(job_id, logs) if _ready(task, signum, script)]
+        if begun and len(ready) == world:
+            return attempt, ready
+        if time.monotonic() >= deadline:
+            raise SlurmddpError(
+                f"local job {job_id}: {len(ready)} of its {world} ranks are ready for the stop "
+                f"signal after {wait_s:.0f} s (they are starting or ending); try again"
+            )
+        time.sleep(0.1)
 
 
 class SlurmBackend:
@@ -134,6 +226,26 @@ class SlurmBackend:
 
     def check_schedulable(self, plan: SubmissionPlan) -> None:
         submitter.check_schedulable(plan)
+
+    def interrupt(
+        self,
+        run_dir: Path,
+        job_id: str | None,
+        logs: Path,
+        reason: RequeueReason,
+        name: str,
+        script: bool = False,
+    ) -> str:
+        state = (slurm.queue_state(job_id) or "no longer in the queue") if job_id else "not submitted"
+        if job_id is None or state != "RUNNING":
+            raise SlurmddpError(f"job {job_id} is {state}: only a running job can be interrupted")
+        fields = slurm.job_fields(job_id)
+        # An array task's own job id is what its ranks see as SLURM_JOB_ID.
+        if "JobId" not in fields or not fields.get("Restarts", "").isdigit():
+            raise SlurmddpError(f"scontrol show job {job_id} names no JobId and Restarts; has it just ended?")
+        Interrupt(reason, AttemptId(fields["JobId"], int(fields["Restarts"]))).write(run_dir)
+        slurm.signal(job_id, name)
+        return f"sent SIG{name} to the ranks of job {job_id} as a {reason}"
 
     def partition_nodes(self, partition: str | None) -> int | None:
         return slurm.partition_nodes(partition)

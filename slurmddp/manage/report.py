@@ -67,6 +67,8 @@ def status_table(target: runs.Target, rows: list[runs.Row], metric: str | None) 
     for row in rows:
         # The table says what; these say why, where a run was requeued or left nodes out.
         name = "run" if row.index is None else f"element {row.index}"
+        if len(row.ended) > 1:
+            text += f"\n{name}: attempts: {'; '.join(_ended(end) for end in row.ended)}"
         if row.last_end is not None and row.last_end != "completed":
             text += f"\n{name}: last attempt: {row.last_end}"
         for reason in explain.reasons(target.element(row.index)):
@@ -80,6 +82,12 @@ def status_table(target: runs.Target, rows: list[runs.Row], metric: str | None) 
             f"{numbers.duration(used.lost_hours * 3600)} lost to requeues"
         )
     return text
+
+
+def _ended(end: runs.AttemptEnd) -> str:
+    """ "1 preemption at step 13": an attempt and how it ended."""
+    where = f" at step {end.step}" if end.step is not None and end.reason != "completed" else ""
+    return f"{end.attempt} {end.reason}{where}"
 
 
 def status_json(target: runs.Target, rows: list[runs.Row]) -> dict[str, Any]:

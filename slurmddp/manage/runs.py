@@ -212,6 +212,30 @@ def element_state(target: Target, element: Run, states: dict[str, JobState]) -> 
 
 
 @dataclass(frozen=True)
+class AttemptEnd:
+    """How one attempt ended, as its record says."""
+
+    attempt: int
+    """Counted from 1, as `attempts` counts them."""
+    reason: EndReason
+    step: int | None
+    requeue: bool
+    message: str
+
+
+def attempt_ends(records: list[AttemptEvent]) -> list[AttemptEnd]:
+    """How each attempt ended, oldest first (a cancel ends the attempt it stopped)."""
+    out = []
+    begun = 0
+    for record in records:
+        if isinstance(record, Begin):
+            begun += 1
+        elif isinstance(record, End):
+            out.append(AttemptEnd(begun, record.reason, record.step, record.requeue, record.message))
+    return out
+
+
+@dataclass(frozen=True)
 class Row:
     """One line of `status`."""
 
@@ -239,6 +263,8 @@ class Row:
     """Hosts the run leaves out, with why (RUN_DIR/excluded.json)."""
     throughput: str | None = None
     """The latest telemetry record's pace: "7,251 samples/s" (or steps/s without ctx.loader)."""
+    ended: list[AttemptEnd] = field(default_factory=list)
+    """How each attempt ended (preempted, timed out, failed, completed), oldest first."""
 
 
 def rows(target: Target, with_usage: bool = True) -> list[Row]:
@@ -277,6 +303,7 @@ def rows(target: Target, with_usage: bool = True) -> list[Row]:
                 last_end=_last_end(records),
                 excluded={host: why.reason for host, why in Exclusions.read(element.dir).hosts.items()},
                 throughput=numbers.pace(perf),
+                ended=attempt_ends(records),
             )
         )
     return out
@@ -288,9 +315,10 @@ def _last_end(records: list[AttemptEvent]) -> str | None:
 
 
 def attempts_ran(element: Run, records: list[AttemptEvent], progress: Progress | None) -> int:
-    """How many attempts ran, attempt 1 being the first. On Slurm the batch script records each
-    attempt's begin; a local run records none, and counts as far as its latest progress record's
-    attempt, or as one attempt once its rank 0 started writing its log."""
+    """How many attempts ran, attempt 1 being the first: each attempt's begin is recorded (by the
+    batch script on Slurm, by rank 0 of a local run). A local run written before they were
+    recorded counts as far as its latest progress record's attempt, or as one attempt once its
+    rank 0 started writing its log."""
     begun = sum(1 for r in records if isinstance(r, Begin))
     seen = progress.attempt.restart_count + 1 if progress is not None else 0
     started = int(element.job_id is not None and (element.logs / f"{element.job_id}_0_log.err").exists())
@@ -359,24 +387,33 @@ def _elapsed(
             total += record.time - started
             started = None
     if started is not None:
-        total += now - started
+        # An attempt whose end nobody recorded (its rank 0 killed) ended, if the run did, with
+        # its ranks' last write to their logs.
+        last = now if state in ACTIVE_STATES else _last_write(element)
+        total += max((last or started) - started, 0.0)
     return total
 
 
 def _elapsed_without_records(element: Run, submitted_at: float | None, state: RunState, now: float) -> float:
-    """A local run has no attempt records (Slurm's batch script writes them): it ran from its
-    submission (it does not queue) until its ranks' last write to their logs, or until now."""
+    """A local run written before local attempts were recorded: it ran from its submission (it
+    does not queue) until its ranks' last write to their logs, or until now."""
     if submitted_at is None or element.job_id is None:
         return 0.0
     if state in ACTIVE_STATES:
         return max(now - submitted_at, 0.0)
+    written = _last_write(element)
+    return max(written - submitted_at, 0.0) if written is not None else 0.0
+
+
+def _last_write(element: Run) -> float | None:
+    """When the current job's ranks last wrote to their logs, if they did."""
     written = []
     for path in element.logs.glob(f"{element.job_id}_*"):
         try:
             written.append(path.stat().st_mtime)
         except OSError:
             continue
-    return max(max(written) - submitted_at, 0.0) if written else 0.0
+    return max(written) if written else None
 
 
 def latest_metrics(run_dir: Path) -> tuple[dict[str, float], int | None]:
