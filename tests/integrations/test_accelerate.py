@@ -1,6 +1,7 @@
 """slurmddp.integrations.accelerate: the newest complete state is the one resumed from, and an
-accelerate script stopped twice at random steps (3 local gloo ranks, dropout on) ends on the
-uninterrupted plain script's parameters, bit for bit, with no optimizer step made twice or missed."""
+accelerate script stopped twice at random steps (3 local gloo ranks, dropout on, gradient
+accumulation 2) ends on the uninterrupted plain script's parameters, bit for bit, with no optimizer
+step made twice or missed."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import ROOT, only_run, rank_pids
+from conftest import ROOT, USER_STATE_VARS, only_run, rank_pids
 
 from slurmddp import files
 from slurmddp.errors import CheckpointError
@@ -26,10 +27,12 @@ from slurmddp.integrations import accelerate as helper
 
 SCRIPT = ROOT / "examples" / "frameworks" / "accelerate_train.py"
 EPOCHS = 3
-PER_EPOCH = 25  # 600 samples, batches of 8, 3 ranks
-STEPS = EPOCHS * PER_EPOCH
 RANKS = 3  # with two, a + b == b + a and a changed summation order would go unseen
-SLEEP = "0.04"
+ACCUMULATE = 2
+PER_EPOCH = 13  # optimizer steps: 600 samples, batches of 8, 3 ranks: 25 batches, the last one alone
+STEPS = EPOCHS * PER_EPOCH
+FLAGS = ("--accumulate", str(ACCUMULATE))
+SLEEP = "0.06"
 
 
 # --- unit: which state directory is complete --------------------------------------------------
@@ -179,6 +182,26 @@ def test_only_real_optimizer_steps_count_under_accumulation(tmp_path: Path) -> N
     assert run.global_step == 3
 
 
+def test_a_state_that_cannot_be_loaded_is_moved_aside_and_the_one_before_is_loaded(tmp_path: Path) -> None:
+    accelerator = FakeAccelerator(tmp_path)
+    run = helper.Resumable(accelerator, None, FakeLoader(10), folder=tmp_path, every_steps=2, prime=None)
+    for _ in run.epochs(1):
+        for _ in run.batches():
+            accelerator.weights += 1
+            run.after_step()
+            if run.global_step == 4:
+                break
+    newest = tmp_path / "step-00000004"
+    (newest / "model.bin").write_text("x")  # the same size, but not what was saved
+    again = FakeAccelerator(tmp_path)
+    resumed = helper.Resumable(again, None, FakeLoader(10), folder=tmp_path, prime=None)
+    assert resumed.position == helper.Position(2, 0, 2) and again.weights == 2
+    assert not newest.exists()
+    reason = (tmp_path / helper.DAMAGED / newest.name / "reason.txt").read_text()
+    assert reason.startswith("rank 0: ValueError: invalid literal for int()"), reason
+    assert helper.complete_states(tmp_path)[0][0].path.name == "step-00000002"
+
+
 def test_a_state_saved_by_another_number_of_processes_is_refused(tmp_path: Path) -> None:
     fake_state(tmp_path, 5, ranks=2)
     fake_accelerator = FakeAccelerator(tmp_path)
@@ -221,7 +244,13 @@ def submit(out: Path, *flags: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, "-m", "slurmddp", "submit", "exp.yaml", f"output_dir={out / 'runs'}"],
         cwd=out,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        # The module-scoped reference runs before the autouse fixture that gives a test its own
+        # user state: every run here gets its own.
+        env={
+            **os.environ,
+            "PYTHONPATH": str(ROOT),
+            **{v: str(out / "user" / v.lower()) for v in USER_STATE_VARS},
+        },
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -250,7 +279,7 @@ def rank0_log(out: Path) -> str:
 def reference(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """The plain accelerate script, without the helper, never stopped."""
     out = tmp_path_factory.mktemp("reference")
-    _, result = finish(submit(out, "--no-helper"), out)
+    _, result = finish(submit(out, "--no-helper", *FLAGS), out)
     assert result["steps"] == STEPS
     return result
 
@@ -278,9 +307,9 @@ def stop_twice(out: Path, proc: subprocess.Popen[str], stops: list[int]) -> None
 def test_stopped_twice_at_random_steps_it_ends_on_the_uninterrupted_run_bit_for_bit(
     tmp_path: Path, reference: dict[str, Any]
 ) -> None:
-    first = random.randrange(5, 30)
-    stops = [first, random.randrange(first + 10, STEPS - 15)]
-    proc = submit(tmp_path, "--record-steps", "--step-sleep", SLEEP)
+    first = random.randrange(3, 15)
+    stops = [first, random.randrange(first + 6, STEPS - 8)]
+    proc = submit(tmp_path, "--record-steps", "--step-sleep", SLEEP, *FLAGS)
     stop_twice(tmp_path, proc, stops)
     run, result = finish(proc, tmp_path)
 
