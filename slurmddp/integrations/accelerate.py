@@ -356,9 +356,16 @@ class Resumable:
         return path
 
     def _prune(self) -> None:
+        """Remove complete state directories beyond `keep_last`, and the unfinished saves older
+        than the one just made (an attempt cut short in its save left them; none is read again)."""
         candidates, _ = complete_states(self.folder)
         for old in candidates[self.keep_last :]:
             shutil.rmtree(old.path, ignore_errors=True)
+        kept = {candidate.path for candidate in candidates}
+        for entry in self.folder.iterdir():
+            match = STATE_DIR.match(entry.name)
+            if match and int(match.group(1)) < self.global_step and entry not in kept:
+                shutil.rmtree(entry, ignore_errors=True)
 
     # --- resuming -------------------------------------------------------------------------------
 
