@@ -507,7 +507,8 @@ def prime_ddp(model: Any, batch: Any, prime: Callable[[Any], None] | None = None
     its first step. Without it a resumed attempt reduces its first step in the initial,
     parameter-order layout, and with 3 or more ranks a float's place in its bucket decides the
     order in which the ranks' values are summed: other bits. Whether it was needed (False: not a
-    DDP model, nothing done).
+    DDP model, or one with `find_unused_parameters=True`, which never rebuilds; nothing done).
+    With `static_graph=True` it runs twice (untested here; docs/resume.md, "The priming step").
 
     `prime(batch)` runs the forward and backward itself; by default the model is called as
     accelerate's examples call it (`model(**batch)` for a mapping, `model(batch[0])` for a tuple
@@ -519,6 +520,11 @@ def prime_ddp(model: Any, batch: Any, prime: Callable[[Any], None] | None = None
     if not isinstance(model, DistributedDataParallel):
         return False
     ddp: Any = model
+    static_graph = bool(getattr(ddp, "static_graph", False))
+    if getattr(ddp, "find_unused_parameters", False) and not static_graph:
+        return False  # it never rebuilds its buckets
+    # static_graph's first backward runs in the initial layout too: its rebuild comes one step later.
+    rounds = 2 if static_graph else 1
 
     def forward_backward(batch: Any) -> None:
         if isinstance(batch, dict):
@@ -534,7 +540,10 @@ def prime_ddp(model: Any, batch: Any, prime: Callable[[Any], None] | None = None
     try:
         ddp.train()
         with torch.enable_grad():
-            (prime or forward_backward)(batch)
+            for _ in range(rounds):
+                (prime or forward_backward)(batch)
+                for parameter in ddp.parameters():
+                    parameter.grad = None
     finally:
         ddp.train(was_training)
         for parameter in ddp.parameters():
