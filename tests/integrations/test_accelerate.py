@@ -212,6 +212,14 @@ def test_a_state_saved_by_another_number_of_processes_is_refused(tmp_path: Path)
         helper.Resumable(fake_accelerator, None, FakeLoader(4), folder=tmp_path, prime=None)
 
 
+def test_an_accelerator_that_does_not_see_the_other_ranks_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    with pytest.raises(CheckpointError, match=r"WORLD_SIZE is 3 but the Accelerator has 1 .*cpu=True"):
+        helper.Resumable(FakeAccelerator(tmp_path), None, FakeLoader(4), folder=tmp_path, prime=None)
+
+
 def test_a_loader_that_shuffles_without_a_seed_a_resume_can_repeat_is_refused(tmp_path: Path) -> None:
     loader = torch.utils.data.DataLoader(list(range(8)), shuffle=True)
     with pytest.raises(CheckpointError, match="use_seedable_sampler=True"):
@@ -221,6 +229,7 @@ def test_a_loader_that_shuffles_without_a_seed_a_resume_can_repeat_is_refused(tm
 def test_rng_states_come_back_exactly(tmp_path: Path) -> None:
     import numpy as np
 
+    before = helper._rng_state()  # seeding here must not fix what later tests draw
     torch.manual_seed(3)
     random.seed(4)
     np.random.seed(5)
@@ -232,6 +241,7 @@ def test_rng_states_come_back_exactly(tmp_path: Path) -> None:
     np.random.randn(3)  # leaves a cached gaussian behind
     helper._set_rng_state(torch.load(tmp_path / "rng.pt", weights_only=True))
     assert (torch.rand(3).tolist(), random.random(), np.random.rand(), np.random.randn()) == expected
+    helper._set_rng_state(before)
 
 
 # --- local runs: 3 gloo ranks ---------------------------------------------------------------------
@@ -310,8 +320,9 @@ def stop_twice(out: Path, proc: subprocess.Popen[str], stops: list[int]) -> None
 def test_stopped_twice_at_random_steps_it_ends_on_the_uninterrupted_run_bit_for_bit(
     tmp_path: Path, reference: dict[str, Any]
 ) -> None:
-    first = random.randrange(3, 15)
-    stops = [first, random.randrange(first + 6, STEPS - 8)]
+    draw = random.SystemRandom()  # not the global generator, which a test may have seeded
+    first = draw.randrange(3, 15)
+    stops = [first, draw.randrange(first + 6, STEPS - 8)]
     proc = submit(tmp_path, "--record-steps", "--step-sleep", SLEEP, *FLAGS)
     stop_twice(tmp_path, proc, stops)
     run, result = finish(proc, tmp_path)
