@@ -10,21 +10,58 @@ from __future__ import annotations
 import json
 import random
 import subprocess
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 from conftest import slurmddp, wait_for_job, wait_until
-from framework_runs import FRAMEWORKS, assert_each_step_once, final, finish, steps_done, submit
+from framework_runs import FRAMEWORKS, final, finish, submit
 
 pytestmark = pytest.mark.slurm
 
 LAYOUT = ("resources.nodes=2", "resources.tasks_per_node=2")
-CASES = {
-    # experiment, its steps in all, and overrides that keep a lab run short
-    "torchrun": ("torchrun.yaml", 6 * (960 // 4 // 8)),
-}
 HIGH_JOB = ("-p", "high", "-N", "3", "--exclusive", "-t", "1", "--wrap", "sleep 3")
+
+
+@dataclass(frozen=True)
+class Case:
+    """A framework's example: its experiment, the arguments a lab run gets (enough steps, slow
+    enough for two preemptions), where each rank logs its steps and what names the digest."""
+
+    experiment: str
+    args: tuple[str, ...]
+    steps: str = "steps-{rank}.log"
+    digest: str = "digest"
+
+    def overrides(self) -> tuple[str, ...]:
+        return (f"entrypoint.args=[{','.join(self.args)}]",)
+
+
+CASES = {
+    "torchrun": Case("torchrun.yaml", ("--epochs", "6")),
+    "accelerate": Case(
+        "accelerate.yaml",
+        ("--epochs", "6", "--record-steps", "--step-sleep", "0.05"),
+        steps="steps/rank-{rank}.txt",
+        digest="param_sha256",
+    ),
+}
+
+
+def made(run: Path, case: Case, rank: int = 0) -> list[int]:
+    """The optimizer steps `rank` made, in order (each line of its log starts with the step)."""
+    try:
+        text = (run / case.steps.format(rank=rank)).read_text()
+    except FileNotFoundError:
+        return []
+    return [int(line.split()[0]) for line in text.splitlines()]
+
+
+def assert_each_step_once(run: Path, case: Case, total: int) -> None:
+    for rank in range(4):
+        done = made(run, case, rank)
+        assert sorted(done) == list(range(1, total + 1)), (rank, [s for s in done if done.count(s) > 1][:5])
 
 
 @pytest.fixture(scope="session", params=sorted(CASES))
@@ -34,17 +71,21 @@ def framework(request: pytest.FixtureRequest) -> str:
 
 
 @pytest.fixture(scope="session")
-def reference(framework: str, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    experiment, total = CASES[framework]
+def reference(framework: str, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, int]:
+    """The uninterrupted run's digest and its number of optimizer steps."""
+    case = CASES[framework]
     out = tmp_path_factory.mktemp(f"reference-{framework}") / "runs"
-    run = finish(submit(out, experiment, "resources.nodes=1", "resources.tasks_per_node=4"), out)
-    assert_each_step_once(run, 4, total)
-    return final(run)
+    ranks = ("resources.nodes=1", "resources.tasks_per_node=4")
+    run = finish(submit(out, case.experiment, *ranks, *case.overrides()), out)
+    total = len(made(run, case))
+    assert_each_step_once(run, case, total)
+    return str(final(run)[case.digest]), total
 
 
-def lab_submit(env: dict[str, str], out: Path, experiment: str) -> Path:
+def lab_submit(env: dict[str, str], out: Path, case: Case) -> Path:
     out.mkdir(parents=True, exist_ok=True)
-    proc = slurmddp(env, out.parent, "submit", str(FRAMEWORKS / experiment), *LAYOUT, f"output_dir={out}")
+    experiment = str(FRAMEWORKS / case.experiment)
+    proc = slurmddp(env, out.parent, "submit", experiment, *LAYOUT, *case.overrides(), f"output_dir={out}")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     (manifest,) = out.glob("*/*/manifest.json")
     return manifest.parent
@@ -58,9 +99,9 @@ def ends(run: Path) -> list[dict[str, Any]]:
     return [record for line in lines if (record := json.loads(line))["event"] == "end"]
 
 
-def preempt_at(env: dict[str, str], run: Path, step: int, tmp: Path) -> None:
+def preempt_at(env: dict[str, str], run: Path, step: int, tmp: Path, case: Case = CASES["torchrun"]) -> None:
     """Once rank 0 made `step` optimizer steps, a job on the high partition takes every node."""
-    wait_until(f"step {step}", lambda: len(steps_done(run)) >= step or any(e["final"] for e in ends(run)))
+    wait_until(f"step {step}", lambda: len(made(run, case)) >= step or any(e["final"] for e in ends(run)))
     assert not any(e["final"] for e in ends(run)), f"the run ended before step {step}: {ends(run)}"
     count = len(ends(run))
     high = ["sbatch", "-o", str(tmp / "high-%j.out"), *HIGH_JOB]
@@ -69,21 +110,22 @@ def preempt_at(env: dict[str, str], run: Path, step: int, tmp: Path) -> None:
 
 
 def test_preempted_twice_at_random_steps_ends_bit_exact(
-    slurm_env: dict[str, str], tmp_path: Path, framework: str, reference: dict[str, Any]
+    slurm_env: dict[str, str], tmp_path: Path, framework: str, reference: tuple[str, int]
 ) -> None:
-    experiment, total = CASES[framework]
+    case = CASES[framework]
+    digest, total = reference
     rng = random.Random()
-    first = rng.randrange(total // 8, total // 2)
-    second = rng.randrange(first + total // 8, total - total // 8)
-    run = lab_submit(slurm_env, tmp_path / "runs", experiment)
-    preempt_at(slurm_env, run, first, tmp_path)
-    preempt_at(slurm_env, run, second, tmp_path)
+    first = rng.randrange(total // 8, total // 3)
+    second = rng.randrange(first + total // 6, total // 2 + total // 6)
+    run = lab_submit(slurm_env, tmp_path / "runs", case)
+    preempt_at(slurm_env, run, first, tmp_path, case)
+    preempt_at(slurm_env, run, second, tmp_path, case)
     job = json.loads((run / "manifest.json").read_text())["job_id"]
     assert wait_for_job(str(job), slurm_env, timeout=600) == "COMPLETED", (run / "attempts.jsonl").read_text()
     reasons = [e["reason"] for e in ends(run)]
     assert reasons == ["preemption", "preemption", "completed"], (first, second, reasons)
-    assert_each_step_once(run, 4, total)
-    assert final(run) == reference, f"preempted at steps {first} and {second}"
+    assert_each_step_once(run, case, total)
+    assert final(run)[case.digest] == digest, f"preempted at steps {first} and {second}"
 
 
 def test_a_script_that_saves_on_sigterm_alone_survives_the_slurm_signal(
@@ -106,4 +148,4 @@ def test_a_script_that_saves_on_sigterm_alone_survives_the_slurm_signal(
     job = json.loads(manifest.read_text())["job_id"]
     assert wait_for_job(str(job), slurm_env, timeout=600) == "COMPLETED", (run / "attempts.jsonl").read_text()
     assert [e["reason"] for e in ends(run)] == ["preemption", "completed"]
-    assert_each_step_once(run, 4, total)
+    assert_each_step_once(run, CASES["torchrun"], total)
