@@ -5,10 +5,10 @@ accumulate), preemption-safe under slurmddp with `slurmddp.integrations.accelera
     accelerate launch examples/frameworks/accelerate_train.py       # the same script, no slurmddp
 
 Flags for the tests: --epochs, --accumulate, --no-helper (the same loop without the helper: it
-neither saves nor resumes), --no-prime (the helper without DDP's priming), --record-steps (each rank
-appends every optimizer step it makes to RUN_DIR/steps/rank-R.txt), --step-sleep (a slower step,
-for a test to stop it in time). Rank 0 writes the final parameters' sha256 to RUN_DIR/final.json and the
-parameters themselves to RUN_DIR/final.pt.
+neither saves nor resumes), --record-steps (each rank appends every optimizer step it makes to
+RUN_DIR/steps/rank-R.txt), --step-sleep (a slower step, for a test to stop it in time). Rank 0
+writes the final parameters' sha256 to RUN_DIR/final.json and the parameters themselves to
+RUN_DIR/final.pt.
 """
 
 from __future__ import annotations
@@ -46,7 +46,6 @@ def main() -> None:
     parser.add_argument("--accumulate", type=int, default=1)
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--no-helper", action="store_true", help="leave the slurmddp helper out")
-    parser.add_argument("--no-prime", action="store_true", help="the helper without DDP priming")
     parser.add_argument(
         "--record-steps", action="store_true", help="append each step to RUN_DIR/steps/rank-R.txt"
     )
@@ -81,7 +80,7 @@ def main() -> None:
     if not args.no_helper:
         from slurmddp.integrations.accelerate import Resumable
 
-        run = Resumable(accelerator, model, train_dataloader, prime=None if args.no_prime else "auto")
+        run = Resumable(accelerator, train_dataloader)
     completed_steps = run.global_step if run else 0
     steps_file = None
     if args.record_steps:

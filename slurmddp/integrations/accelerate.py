@@ -5,12 +5,12 @@ one call per step.
 
     accelerator = Accelerator(dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True))
     model, optimizer, train_dataloader, scheduler = accelerator.prepare(...)
-    run = Resumable(accelerator, model, train_dataloader)    # loads the newest complete state
-    for epoch in run.epochs(num_epochs):                     # was range(num_epochs)
-        for batch in run.batches():                          # was train_dataloader
+    run = Resumable(accelerator, train_dataloader)    # loads the newest complete state
+    for epoch in run.epochs(num_epochs):              # was range(num_epochs)
+        for batch in run.batches():                   # was train_dataloader
             with accelerator.accumulate(model):
                 ...
-            run.after_step()                                 # saves and requeues on a stop
+            run.after_step()                          # saves and requeues on a stop
 
 What it does, in accelerate's own terms:
 - `Resumable(...)` finds the newest *complete* state directory under its folder (default
@@ -36,7 +36,10 @@ Exactness: see docs/frameworks/accelerate.md. The random streams are this module
 put back after `load_state` and again after the resumed epoch's iterator was made (making a
 DataLoader iterator draws from the global torch generator, which a run that never stopped did at
 the start of the epoch, not in its middle). DDP's bucket rebuild after its first step changes the
-order in which ranks' gradients are summed; `Resumable` primes it (see `prime`).
+order in which ranks' gradients are summed; that is not this module's concern: slurmddp builds a
+resumed attempt's DDP in the layout the first attempt's rebuilt to, in every script's process
+(`ddp.resume_buckets`, job/ddp_buckets.py), so the first step after a resume sums as the
+uninterrupted run did (outside slurmddp, or with it off, it sums in another order).
 
 Accelerate is never imported here: the accelerator and its loader are used through their public
 methods, so `import slurmddp` stays light and this module type-checks without accelerate's stubs.
@@ -49,7 +52,7 @@ import random
 import re
 import shutil
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -199,28 +202,22 @@ class Resumable:
     """Save-at-stop and resume-from-newest for an accelerate training loop (module docstring).
 
     `accelerator`: the Accelerator the model, optimizer and loader were prepared with.
-    `model`: the prepared model (DDP-wrapped in a distributed run: the one primed on a resume).
     `dataloader`: the prepared training loader.
     `folder`: where state directories go; default `$SLURMDDP_RUN_DIR/accelerate` (`./accelerate`
     outside a slurmddp job).
     `every_steps`: also save every N optimizer steps (0: only at a stop); a crash then resumes
     from the newest of them.
     `keep_last`: complete state directories kept (older ones are removed after each save).
-    `prime`: on a resume with DDP, run one forward and backward before loading (`prime_ddp`):
-    `"auto"` calls the model on a batch as accelerate's examples do; a callable `prime(batch)` runs
-    the forward and backward itself; None: no priming (see docs/frameworks/accelerate.md).
     """
 
     def __init__(
         self,
         accelerator: Any,
-        model: Any,
         dataloader: Any,
         *,
         folder: str | os.PathLike[str] | None = None,
         every_steps: int = 0,
         keep_last: int = 2,
-        prime: str | Callable[[Any], None] | None = "auto",
     ) -> None:
         if every_steps < 0 or keep_last < 1:
             raise ValueError(f"every_steps must be >= 0 and keep_last >= 1 (got {every_steps}, {keep_last})")
@@ -233,14 +230,12 @@ class Resumable:
                 "Accelerator(cpu=True) (or set ACCELERATE_USE_CPU=1)"
             )
         self.accelerator = accelerator
-        self.model = model
         self.dataloader = dataloader
         if folder is None:
             folder = Path(os.environ.get("SLURMDDP_RUN_DIR", ".")) / FOLDER
         self.folder = Path(folder)
         self.every_steps = every_steps
         self.keep_last = keep_last
-        self.prime = prime
         self.global_step = 0
         self.epoch = 0
         self.batch = 0
@@ -378,16 +373,12 @@ class Resumable:
                 _say(f"warning: {warning}")
             names = [candidate.path.name for candidate in candidates]
         names = _broadcast(names)
-        primed = False
         for name in names:
             checked = check_complete(self.folder / name)
             if not isinstance(checked, Candidate):
                 # Another node's view of the folder: what rank 0 found complete is not here.
                 error: str | None = f"rank {accelerator.process_index}: {checked}"
             else:
-                if not primed:
-                    self._prime()
-                    primed = True
                 error = self._load(checked)
             errors = [e for e in _gather(error) if e is not None]
             if not errors:
@@ -446,14 +437,6 @@ class Resumable:
             _say(f"resumed from {candidate.path} at step {step} (epoch {epoch}, batch {batch})")
         return None
 
-    def _prime(self) -> None:
-        from torch.nn.parallel import DistributedDataParallel
-
-        if self.prime is None or not isinstance(self.model, DistributedDataParallel):
-            return
-        batch = first_batch(self.accelerator, self.dataloader)
-        prime_ddp(self.model, batch, self.prime if callable(self.prime) else None)
-
 
 def _data_seed(dataloader: Any) -> int | None:
     """The seed of the loader's seedable sampler; refuses a shuffling sampler whose order a resume
@@ -498,117 +481,3 @@ def _gather(error: str | None) -> list[str | None]:
     every: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(every, error)
     return list(every)
-
-
-def prime_ddp(model: Any, batch: Any, prime: Callable[[Any], None] | None = None) -> bool:
-    """Run one forward and backward of a DistributedDataParallel `model` on `batch`, then drop its
-    gradients and put the random streams back: DDP then rebuilds its gradient buckets (in the order
-    the gradients became ready) before the next forward, as the run that never stopped did after
-    its first step. Without it a resumed attempt reduces its first step in the initial,
-    parameter-order layout, and with 3 or more ranks a float's place in its bucket decides the
-    order in which the ranks' values are summed: other bits. Whether it was needed (False: not a
-    DDP model, or one with `find_unused_parameters=True`, which never rebuilds; nothing done).
-    With `static_graph=True` it runs twice (untested here; docs/resume.md, "The priming step").
-
-    `prime(batch)` runs the forward and backward itself; by default the model is called as
-    accelerate's examples call it (`model(**batch)` for a mapping, `model(batch[0])` for a tuple
-    or list, else `model(batch)`) and the loss is the sum of every floating output. Run before
-    `load_state`: the parameters and buffers it may touch are loaded afterwards."""
-    import torch
-    from torch.nn.parallel import DistributedDataParallel
-
-    if not isinstance(model, DistributedDataParallel):
-        return False
-    ddp: Any = model
-    static_graph = bool(getattr(ddp, "static_graph", False))
-    if getattr(ddp, "find_unused_parameters", False) and not static_graph:
-        return False  # it never rebuilds its buckets
-    # static_graph's first backward runs in the initial layout too: its rebuild comes one step later.
-    rounds = 2 if static_graph else 1
-
-    def forward_backward(batch: Any) -> None:
-        if isinstance(batch, dict):
-            output = model(**batch)
-        elif isinstance(batch, (tuple, list)):
-            output = model(batch[0])
-        else:
-            output = model(batch)
-        _sum_of_floats(output).backward()
-
-    was_training = ddp.training
-    rng = _rng_state()
-    try:
-        ddp.train()
-        with torch.enable_grad():
-            for _ in range(rounds):
-                (prime or forward_backward)(batch)
-                for parameter in ddp.parameters():
-                    parameter.grad = None
-    finally:
-        ddp.train(was_training)
-        for parameter in ddp.parameters():
-            parameter.grad = None
-        _set_rng_state(rng)
-    return True
-
-
-def first_batch(accelerator: Any, dataloader: Any) -> Any:
-    """One batch of this rank's size from the loader's dataset, on the accelerator's device."""
-    import torch
-
-    base = getattr(dataloader, "base_dataloader", dataloader)
-    dataset = base.dataset
-    batch_size = getattr(base, "batch_size", None)
-    if batch_size is None:
-        batch_sampler = getattr(base, "batch_sampler", None)
-        batch_size = getattr(batch_sampler, "batch_size", None) or 1
-    from torch.utils.data import IterableDataset
-
-    if isinstance(dataset, IterableDataset):
-        samples = []
-        for sample in dataset:
-            samples.append(sample)
-            if len(samples) == batch_size:
-                break
-    else:
-        samples = [dataset[i] for i in range(min(batch_size, len(dataset)))]
-    batch = base.collate_fn(samples)
-    device = getattr(accelerator, "device", torch.device("cpu"))
-    return _to_device(batch, device)
-
-
-def _to_device(batch: Any, device: Any) -> Any:
-    import torch
-
-    if isinstance(batch, torch.Tensor):
-        return batch.to(device)
-    if isinstance(batch, dict):
-        return {key: _to_device(value, device) for key, value in batch.items()}
-    if isinstance(batch, (tuple, list)):
-        return type(batch)(_to_device(value, device) for value in batch)
-    mapping = getattr(batch, "items", None)
-    if callable(mapping):
-        return {key: _to_device(value, device) for key, value in mapping()}
-    return batch
-
-
-def _sum_of_floats(output: Any) -> Any:
-    import torch
-
-    total = None
-    stack = [output]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, torch.Tensor):
-            if item.is_floating_point() and item.requires_grad:
-                part = item.float().sum()
-                total = part if total is None else total + part
-        elif isinstance(item, dict):
-            stack.extend(item.values())
-        elif isinstance(item, (tuple, list)):
-            stack.extend(item)
-        elif hasattr(item, "values") and callable(item.values):
-            stack.extend(item.values())
-    if total is None:
-        raise CheckpointError("priming DDP: the model's output holds no tensor that needs a gradient")
-    return total

@@ -1,7 +1,8 @@
 """slurmddp.integrations.accelerate: the newest complete state is the one resumed from, and an
 accelerate script stopped twice at random steps (3 local gloo ranks, dropout on, gradient
 accumulation 2) ends on the uninterrupted plain script's parameters, bit for bit, with no optimizer
-step made twice or missed."""
+step made twice or missed (DDP's first step after a resume sums in the rebuilt bucket layout the
+first attempt recorded: `ddp.resume_buckets`, job/ddp_buckets.py)."""
 
 from __future__ import annotations
 
@@ -137,7 +138,7 @@ class FakeLoader(list[int]):
 def test_a_run_saved_every_few_steps_resumes_at_the_newest_and_continues_the_data(tmp_path: Path) -> None:
     accelerator = FakeAccelerator(tmp_path)
     loader = FakeLoader(4)
-    run = helper.Resumable(accelerator, None, loader, folder=tmp_path, every_steps=3, keep_last=1, prime=None)
+    run = helper.Resumable(accelerator, loader, folder=tmp_path, every_steps=3, keep_last=1)
     (tmp_path / "step-00000001").mkdir()  # an unfinished save, of an earlier attempt
     seen = []
     for epoch in run.epochs(2):
@@ -156,7 +157,7 @@ def test_a_run_saved_every_few_steps_resumes_at_the_newest_and_continues_the_dat
 
     again = FakeAccelerator(tmp_path)
     loader = FakeLoader(4)
-    resumed = helper.Resumable(again, None, loader, folder=tmp_path, prime=None)
+    resumed = helper.Resumable(again, loader, folder=tmp_path)
     assert again.loaded == ["step-00000006"] and again.weights == 6
     assert resumed.position == helper.Position(6, 1, 2)
     rest = [(epoch, batch) for epoch in resumed.epochs(2) for batch in resumed.batches()]
@@ -166,18 +167,18 @@ def test_a_run_saved_every_few_steps_resumes_at_the_newest_and_continues_the_dat
 
 def test_a_state_saved_at_the_end_of_an_epoch_resumes_at_the_next_epochs_start(tmp_path: Path) -> None:
     accelerator = FakeAccelerator(tmp_path)
-    run = helper.Resumable(accelerator, None, FakeLoader(4), folder=tmp_path, every_steps=4, prime=None)
+    run = helper.Resumable(accelerator, FakeLoader(4), folder=tmp_path, every_steps=4)
     for _ in run.epochs(1):
         for _ in run.batches():
             run.after_step()
-    resumed = helper.Resumable(FakeAccelerator(tmp_path), None, FakeLoader(4), folder=tmp_path, prime=None)
+    resumed = helper.Resumable(FakeAccelerator(tmp_path), FakeLoader(4), folder=tmp_path)
     assert resumed.position == helper.Position(4, 1, 0)
     assert list(resumed.epochs(1)) == []
 
 
 def test_only_real_optimizer_steps_count_under_accumulation(tmp_path: Path) -> None:
     accelerator = FakeAccelerator(tmp_path)
-    run = helper.Resumable(accelerator, None, FakeLoader(6), folder=tmp_path, prime=None)
+    run = helper.Resumable(accelerator, FakeLoader(6), folder=tmp_path)
     for _ in run.epochs(1):
         for batch in run.batches():
             accelerator.sync_gradients = batch % 2 == 1
@@ -187,7 +188,7 @@ def test_only_real_optimizer_steps_count_under_accumulation(tmp_path: Path) -> N
 
 def test_a_state_that_cannot_be_loaded_is_moved_aside_and_the_one_before_is_loaded(tmp_path: Path) -> None:
     accelerator = FakeAccelerator(tmp_path)
-    run = helper.Resumable(accelerator, None, FakeLoader(10), folder=tmp_path, every_steps=2, prime=None)
+    run = helper.Resumable(accelerator, FakeLoader(10), folder=tmp_path, every_steps=2)
     for _ in run.epochs(1):
         for _ in run.batches():
             accelerator.weights += 1
@@ -197,7 +198,7 @@ def test_a_state_that_cannot_be_loaded_is_moved_aside_and_the_one_before_is_load
     newest = tmp_path / "step-00000004"
     (newest / "model.bin").write_text("x")  # the same size, but not what was saved
     again = FakeAccelerator(tmp_path)
-    resumed = helper.Resumable(again, None, FakeLoader(10), folder=tmp_path, prime=None)
+    resumed = helper.Resumable(again, FakeLoader(10), folder=tmp_path)
     assert resumed.position == helper.Position(2, 0, 2) and again.weights == 2
     assert not newest.exists()
     reason = (tmp_path / helper.DAMAGED / newest.name / "reason.txt").read_text()
@@ -209,7 +210,7 @@ def test_a_state_saved_by_another_number_of_processes_is_refused(tmp_path: Path)
     fake_state(tmp_path, 5, ranks=2)
     fake_accelerator = FakeAccelerator(tmp_path)
     with pytest.raises(CheckpointError, match="saved by 2 processes, this run has 1"):
-        helper.Resumable(fake_accelerator, None, FakeLoader(4), folder=tmp_path, prime=None)
+        helper.Resumable(fake_accelerator, FakeLoader(4), folder=tmp_path)
 
 
 def test_an_accelerator_that_does_not_see_the_other_ranks_is_refused(
@@ -217,13 +218,13 @@ def test_an_accelerator_that_does_not_see_the_other_ranks_is_refused(
 ) -> None:
     monkeypatch.setenv("WORLD_SIZE", "3")
     with pytest.raises(CheckpointError, match=r"WORLD_SIZE is 3 but the Accelerator has 1 .*cpu=True"):
-        helper.Resumable(FakeAccelerator(tmp_path), None, FakeLoader(4), folder=tmp_path, prime=None)
+        helper.Resumable(FakeAccelerator(tmp_path), FakeLoader(4), folder=tmp_path)
 
 
 def test_a_loader_that_shuffles_without_a_seed_a_resume_can_repeat_is_refused(tmp_path: Path) -> None:
     loader = torch.utils.data.DataLoader(list(range(8)), shuffle=True)
     with pytest.raises(CheckpointError, match="use_seedable_sampler=True"):
-        helper.Resumable(FakeAccelerator(tmp_path), None, loader, folder=tmp_path, prime=None)
+        helper.Resumable(FakeAccelerator(tmp_path), loader, folder=tmp_path)
 
 
 def test_rng_states_come_back_exactly(tmp_path: Path) -> None:
@@ -338,4 +339,7 @@ def test_stopped_twice_at_random_steps_it_ends_on_the_uninterrupted_run_bit_for_
     # Every rank made every step exactly once, across the three attempts.
     for rank, made in steps_of(run).items():
         assert made == list(range(1, STEPS + 1)), (rank, stops, stopped, made)
+    # The first attempt recorded its DDP's rebuilt bucket layout, which the resumed ones were built
+    # in (ddp.resume_buckets): what makes their first steps sum as the uninterrupted run did.
+    assert (run / "ddp" / "0.json").is_file(), sorted(p.name for p in run.iterdir())
     assert result["param_sha256"] == reference["param_sha256"], (stops, stopped)
