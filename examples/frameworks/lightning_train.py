@@ -1,12 +1,14 @@
 """A LightningModule script as Lightning's docs write one, made preemption-safe by one line:
-`callbacks=[SlurmddpCallback()]`. Run it with `python -m slurmddp submit examples/frameworks/lightning.yaml`.
+`callbacks=[SlurmddpCallback()]`. Run it with
+`python -m slurmddp submit examples/frameworks/lightning.yaml`.
 
 A tiny MLP with dropout on seeded synthetic data, a DataLoader with shuffle=True (Lightning puts a
-DistributedSampler in), DDP on CPU. For the tests: `--steps`, `--sleep` (seconds added to each step),
-`--signal-at` (each rank raises USR2 in itself after these steps: a stop after the next one), `--any-buckets`,
-`--no-callback` (leave the line out), `--auto` (leave it out and call `slurmddp.integrations.lightning.auto()` instead). Each rank
-appends every optimizer step it makes to RUN_DIR/steps/rank-R.txt; rank 0 writes the final
-parameters' sha256 to RUN_DIR/final.json.
+DistributedSampler in), DDP on CPU. Each rank appends every optimizer step it makes to
+RUN_DIR/steps/rank-R.txt; rank 0 writes the final parameters' sha256 to RUN_DIR/final.json.
+Flags for the tests: `--steps`, `--sleep` (seconds added to each step), `--signal-at N ...` (each
+rank raises USR2 in itself after step N: the ranks stop after step N + 1), `--workers`,
+`--accumulate`, `--any-buckets` (`SlurmddpCallback(same_buckets=False)`), `--no-callback` (leave
+the line out), `--auto` (leave it out and call `slurmddp.integrations.lightning.auto()` instead).
 """
 
 from __future__ import annotations
@@ -34,7 +36,15 @@ class Model(pl.LightningModule):
         self.lr = lr
         self.sleep = sleep
         self.signal_at = signal_at
-        self.net = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Dropout(0.3), nn.Linear(32, 32), nn.ReLU(), nn.Dropout(0.3), nn.Linear(32, 1))
+        self.net = nn.Sequential(
+            nn.Linear(16, 32),
+            nn.ReLU(),
+            nn.Dropout(0.3),
+            nn.Linear(32, 32),
+            nn.ReLU(),
+            nn.Dropout(0.3),
+            nn.Linear(32, 1),
+        )
         self.steps = RUN_DIR / "steps" / f"rank-{int(os.environ.get('RANK', '0'))}.txt"
 
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
@@ -44,10 +54,12 @@ class Model(pl.LightningModule):
 
     def optimizer_step(self, *args: Any, **kwargs: Any) -> None:
         super().optimizer_step(*args, **kwargs)
+        # Lightning counts the step in global_step once this call returns: this is step global_step + 1.
+        step = self.trainer.global_step + 1
         self.steps.parent.mkdir(parents=True, exist_ok=True)
         with open(self.steps, "a") as handle:
-            handle.write(f"{self.trainer.global_step}\n")
-        if self.trainer.global_step in self.signal_at:
+            handle.write(f"{step}\n")
+        if step in self.signal_at:
             # As if Slurm's USR2 came right now: every rank stops after the next step.
             signal.raise_signal(signal.SIGUSR2)
 
@@ -69,6 +81,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=120)
     parser.add_argument("--samples", type=int, default=600)
     parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--workers", type=int, default=0, help="DataLoader worker processes")
     parser.add_argument("--accumulate", type=int, default=1)
     parser.add_argument("--lr", type=float, default=0.05)
     parser.add_argument("--sleep", type=float, default=0.0, help="seconds added to each step")
@@ -81,7 +94,13 @@ def main() -> None:
     pl.seed_everything(0)
     x = torch.randn(args.samples, 16, generator=torch.Generator().manual_seed(1))
     y = (x[:, :4].sum(dim=1, keepdim=True) > 0).float()
-    loader = DataLoader(TensorDataset(x, y), batch_size=args.batch_size, shuffle=True, drop_last=True)
+    loader = DataLoader(
+        TensorDataset(x, y),
+        batch_size=args.batch_size,
+        shuffle=True,
+        drop_last=True,
+        num_workers=args.workers,
+    )
 
     callbacks: list[pl.Callback] = []
     if args.auto:
@@ -110,7 +129,9 @@ def main() -> None:
     model = Model(args.lr, args.sleep, tuple(args.signal_at))
     trainer.fit(model, loader, ckpt_path="last")
     if trainer.is_global_zero:
-        (RUN_DIR / "final.json").write_text(json.dumps({"sha256": digest(model), "global_step": trainer.global_step}))
+        (RUN_DIR / "final.json").write_text(
+            json.dumps({"sha256": digest(model), "global_step": trainer.global_step})
+        )
 
 
 if __name__ == "__main__":

@@ -202,7 +202,9 @@ class SlurmddpCallback(_Callback):
             rng = _load_local(self._resumed_from / _rank_file(trainer.global_rank))
             self._resume_data(trainer, rng)
 
-    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_end(
+        self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
         self._position = {"epoch": trainer.current_epoch, "consumed": batch_idx + 1}
         if trainer.global_step == self._seen_step:
             return  # an accumulating micro-batch: no optimizer step, no step boundary
@@ -227,7 +229,7 @@ class SlurmddpCallback(_Callback):
                 self._ours[signum] = handler
         connector = getattr(trainer, "_signal_connector", None)
         register = getattr(connector, "register_signal_handlers", None)
-        if register is None or getattr(register, "_slurmddp", False):
+        if connector is None or register is None or getattr(register, "_slurmddp", False):
             return  # another Lightning: on_train_start puts them back
 
         def register_then_restore() -> None:
@@ -249,7 +251,7 @@ class SlurmddpCallback(_Callback):
         resolved itself (`ckpt_path="last"`: ModelCheckpoint's last.ckpt) is a newer file."""
         connector = getattr(trainer, "_checkpoint_connector", None)
         resume_start = getattr(connector, "resume_start", None)
-        if resume_start is None:
+        if connector is None or resume_start is None:
             raise RuntimeError(
                 "slurmddp's Lightning callback cannot choose the checkpoint to resume from in this "
                 "Lightning version (no Trainer._checkpoint_connector.resume_start); tested with 2.6.6"
@@ -259,9 +261,12 @@ class SlurmddpCallback(_Callback):
 
         def choosing(checkpoint_path: Any = None, weights_only: Any = None) -> None:
             chosen = checkpoint_path
-            if ours is not None and trainer.state.fn == "fit":
-                if not checkpoint_path or _mtime(checkpoint_path) <= _mtime(ours / LIGHTNING_FILE):
-                    chosen = str(ours / LIGHTNING_FILE)
+            if (
+                ours is not None
+                and trainer.state.fn == "fit"
+                and (not checkpoint_path or _mtime(checkpoint_path) <= _mtime(ours / LIGHTNING_FILE))
+            ):
+                chosen = str(ours / LIGHTNING_FILE)
             self._resumed_from = ours if ours is not None and chosen == str(ours / LIGHTNING_FILE) else None
             if self._resumed_from is not None and trainer.is_global_zero:
                 print(f"slurmddp: resuming from {self._resumed_from}", file=sys.stderr, flush=True)
@@ -299,7 +304,13 @@ class SlurmddpCallback(_Callback):
         fsync_dir(path)
         write_json(
             marker,
-            {"step": trainer.global_step, "rank": rank, "world_size": world_size, "attempt": self._attempt, "files": files},
+            {
+                "step": trainer.global_step,
+                "rank": rank,
+                "world_size": world_size,
+                "attempt": self._attempt,
+                "files": files,
+            },
         )
         # All ranks are here at the same step: rank 0 prunes only once every marker is written.
         trainer.strategy.barrier("slurmddp-saved")
@@ -355,7 +366,11 @@ def _load_local(path: Path) -> dict[str, Any]:
 def _prune(root: Path, world_size: int, keep: int) -> None:
     import shutil
 
-    complete = [p for p in sorted(root.glob("step-*"), reverse=True) if not checkpoint_problems(p, world_size, check_crc=False)]
+    complete = [
+        p
+        for p in sorted(root.glob("step-*"), reverse=True)
+        if not checkpoint_problems(p, world_size, check_crc=False)
+    ]
     if len(complete) < keep:
         return
     oldest_kept = complete[keep - 1]
@@ -374,8 +389,9 @@ def _train_loaders(trainer: Any) -> list[DataLoader[Any]]:
 
 def _set_epoch(dl: DataLoader[Any], epoch: int) -> None:
     for sampler in (dl.sampler, getattr(dl.batch_sampler, "sampler", None)):
-        if hasattr(sampler, "set_epoch"):
-            sampler.set_epoch(epoch)
+        set_epoch = getattr(sampler, "set_epoch", None)
+        if callable(set_epoch):
+            set_epoch(epoch)
 
 
 def _skip(dl: DataLoader[Any], batches: int) -> None:
@@ -390,7 +406,7 @@ def _skip(dl: DataLoader[Any], batches: int) -> None:
         )
         return
     batch_sampler = dl.batch_sampler
-    batch_sampler.sampler = _SkipFirst(batch_sampler, batches * batch_sampler.batch_size)  # type: ignore[assignment]
+    batch_sampler.sampler = _SkipFirst(batch_sampler, batches * batch_sampler.batch_size)
 
 
 def _fix_bucket_layout(trainer: Any) -> None:
