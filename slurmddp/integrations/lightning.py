@@ -339,6 +339,13 @@ class SlurmddpCallback(_Callback):
             if not at_epoch_end and consumed:
                 _skip(dl, consumed)
         fetcher = getattr(trainer.fit_loop, "_data_fetcher", None)
+        if fetcher is None or not loaders:
+            print(
+                "slurmddp: warning: found no training DataLoader or iterator to position (a Lightning "
+                "other than 2.6.6?); the data order after this resume is Lightning's own",
+                file=sys.stderr,
+                flush=True,
+            )
         if at_epoch_end:
             restore_rng_state(rng["rng"])
             if fetcher is not None:

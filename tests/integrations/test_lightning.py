@@ -12,10 +12,14 @@ import signal
 import subprocess
 import sys
 import time
+import zlib
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
+import lightning.pytorch as pl
 import pytest
+import torch
 from conftest import ROOT, only_run, rank_pids
 
 SCRIPT = ROOT / "examples" / "frameworks" / "lightning_train.py"
@@ -167,3 +171,117 @@ def test_with_accumulation_a_stop_mid_epoch_and_one_at_its_end_resume_exactly(tm
     assert "lightning_checkpoints/step-00000006" in log and "lightning_checkpoints/step-00000013" in log
     assert digest(run) == digest(finish(reference, tmp_path / "reference"))
     assert_every_step_once(run)
+
+
+# -- in this process: no ranks, no job (should_stop() is False) ------------------------------------
+
+
+def write_checkpoint(root: Path, step: int, world_size: int = 3) -> Path:
+    """A checkpoint as the callback writes one: lightning.ckpt, rank files, markers last."""
+    from slurmddp.files import write_json
+    from slurmddp.integrations.lightning import LIGHTNING_FILE
+
+    path = root / f"step-{step:08d}"
+    path.mkdir(parents=True)
+    for rank in range(world_size):
+        names = [f"rank-{rank:05d}.pt", *([LIGHTNING_FILE] if rank == 0 else [])]
+        files = {}
+        for name in names:
+            data = f"{name} of step {step}".encode()
+            (path / name).write_bytes(data)
+            files[name] = {"size": len(data), "crc32": f"{zlib.crc32(data):08x}"}
+        marker = {"step": step, "rank": rank, "world_size": world_size, "attempt": "a1", "files": files}
+        write_json(path / f"rank-{rank:05d}.done", marker)
+    return path
+
+
+def test_the_newest_complete_checkpoint_is_chosen_skipping_incomplete_and_damaged_ones(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from slurmddp.integrations.lightning import LIGHTNING_FILE, newest_complete
+
+    complete = write_checkpoint(tmp_path, 10)
+    (write_checkpoint(tmp_path, 20) / "rank-00002.done").unlink()  # rank 2 killed while saving
+    damaged = write_checkpoint(tmp_path, 30)
+    ckpt = damaged / LIGHTNING_FILE
+    ckpt.write_bytes(bytes(reversed(ckpt.read_bytes())))  # same size, other bytes
+    mixed = write_checkpoint(tmp_path, 40)
+    marker = json.loads((mixed / "rank-00001.done").read_text())
+    (mixed / "rank-00001.done").write_text(json.dumps({**marker, "attempt": "a0"}))
+    assert newest_complete(tmp_path, 3) == complete
+    skipped = capsys.readouterr().err
+    assert "step-00000040: its markers come from different attempts" in skipped
+    assert "step-00000030: lightning.ckpt has another CRC32" in skipped
+    assert "step-00000020: no completion marker from rank 2" in skipped
+    assert newest_complete(tmp_path, 4) is None  # written by 3 ranks: a 4th rank's marker is missing
+    assert newest_complete(tmp_path / "nothing", 3) is None
+
+
+class Tiny(pl.LightningModule):
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = torch.nn.Linear(4, 1)
+
+    def training_step(self, batch: Any, batch_idx: int) -> Any:
+        return self.net(batch[0]).pow(2).mean()
+
+    def configure_optimizers(self) -> Any:
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+class SeesHandlers(pl.Callback):
+    def __init__(self) -> None:
+        self.seen: list[Any] = []
+
+    def on_train_batch_start(self, *_: Any) -> None:
+        self.seen.append(signal.getsignal(signal.SIGTERM))
+
+
+def fit(tmp_path: Path, callbacks: list[pl.Callback] | None) -> pl.Trainer:
+    data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(16, 4)), batch_size=4)
+    trainer = pl.Trainer(
+        max_steps=3,
+        accelerator="cpu",
+        devices=1,
+        callbacks=callbacks,
+        default_root_dir=str(tmp_path),
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+    )
+    trainer.fit(Tiny(), data)
+    return trainer
+
+
+def test_lightnings_sigterm_handler_never_runs_during_training(tmp_path: Path) -> None:
+    from slurmddp.integrations.lightning import SlurmddpCallback
+
+    def recording(signum: int, frame: Any) -> None:  # slurmddp's own only records the signal
+        pass
+
+    before = signal.signal(signal.SIGTERM, recording)
+    try:
+        sees = SeesHandlers()
+        fit(tmp_path, [SlurmddpCallback(), sees])
+        assert sees.seen == [recording] * 3
+        without = SeesHandlers()
+        fit(tmp_path, [without])
+        assert without.seen and all(handler is not recording for handler in without.seen)  # Lightning's
+    finally:
+        signal.signal(signal.SIGTERM, before)
+
+
+def test_auto_adds_the_callback_to_every_trainer_built_afterwards_once(tmp_path: Path) -> None:
+    from slurmddp.integrations import lightning as integration
+
+    original = pl.Trainer.__init__
+    try:
+        integration.auto()
+        integration.auto()  # a second call changes nothing
+        for callbacks in (None, [SeesHandlers()], [integration.SlurmddpCallback(dirpath=tmp_path)]):
+            trainer = fit(tmp_path, callbacks)
+            ours = [cb for cb in trainer.callbacks if isinstance(cb, integration.SlurmddpCallback)]
+            assert len(ours) == 1
+    finally:
+        pl.Trainer.__init__ = original  # type: ignore[method-assign]
