@@ -30,20 +30,20 @@ RANKS = 3  # with two, a + b == b + a and a changed summation order would go uns
 BATCHES_PER_EPOCH = 600 // RANKS // 8
 
 
-def experiment(tmp: Path, *flags: str) -> Path:
+def experiment(tmp: Path, *flags: str, steps: int = STEPS) -> Path:
     tmp.mkdir(parents=True, exist_ok=True)
     (tmp / "lightning_train.py").write_text(SCRIPT.read_text())
     path = tmp / "exp.yaml"
     path.write_text(
-        f"entrypoint: lightning_train.py --steps {STEPS} {' '.join(flags)}\n"
+        f"entrypoint: lightning_train.py --steps {steps} {' '.join(flags)}\n"
         "executor: local\n"
         f"resources: {{nodes: 1, tasks_per_node: {RANKS}, time: '00:10:00'}}\n"
     )
     return path
 
 
-def submit(tmp: Path, *flags: str) -> subprocess.Popen[str]:
-    exp = experiment(tmp, *flags)
+def submit(tmp: Path, *flags: str, steps: int = STEPS) -> subprocess.Popen[str]:
+    exp = experiment(tmp, *flags, steps=steps)
     return subprocess.Popen(
         [sys.executable, "-m", "slurmddp", "submit", str(exp), f"output_dir={tmp / 'runs'}"],
         cwd=tmp,
@@ -110,17 +110,17 @@ def stop_at(proc: subprocess.Popen[str], tmp: Path, thresholds: list[int], signu
     return took
 
 
-def digest(run: Path) -> str:
+def digest(run: Path, steps: int = STEPS) -> str:
     final: dict[str, object] = json.loads((run / "final.json").read_text())
-    assert final["global_step"] == STEPS
+    assert final["global_step"] == steps
     return str(final["sha256"])
 
 
-def assert_every_step_once(run: Path) -> None:
+def assert_every_step_once(run: Path, steps: int = STEPS) -> None:
     for rank in range(RANKS):
         counts = Counter(steps_of(run, rank))
         assert [s for s, n in counts.items() if n > 1] == [], f"rank {rank} redid steps"
-        assert sorted(counts) == list(range(1, STEPS + 1)), f"rank {rank} is missing steps"
+        assert sorted(counts) == list(range(1, steps + 1)), f"rank {rank} is missing steps"
 
 
 @pytest.fixture(scope="module")
@@ -169,13 +169,13 @@ def test_auto_gives_the_same_run_without_the_line(tmp_path: Path, reference: str
 def test_with_accumulation_a_stop_mid_epoch_and_one_at_its_end_resume_exactly(tmp_path: Path) -> None:
     # 25 batches an epoch, 2 a step: the 13th step ends the epoch on one batch. USR2 raised in every
     # rank after steps 5 and 12 stops them after steps 6 (mid-epoch) and 13 (the epoch's end).
-    reference = submit(tmp_path / "reference", "--accumulate", "2")
-    proc = submit(tmp_path / "stopped", "--accumulate", "2", "--signal-at", "5", "12")
+    reference = submit(tmp_path / "reference", "--accumulate", "2", steps=30)
+    proc = submit(tmp_path / "stopped", "--accumulate", "2", "--signal-at", "5", "12", steps=30)
     run = finish(proc, tmp_path / "stopped")
     log = rank0_log(run)
     assert "lightning_checkpoints/step-00000006" in log and "lightning_checkpoints/step-00000013" in log
-    assert digest(run) == digest(finish(reference, tmp_path / "reference"))
-    assert_every_step_once(run)
+    assert digest(run, 30) == digest(finish(reference, tmp_path / "reference"), 30)
+    assert_every_step_once(run, 30)
 
 
 # -- in this process: no ranks, no job (should_stop() is False) ------------------------------------
