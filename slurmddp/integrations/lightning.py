@@ -1,0 +1,465 @@
+"""Preemption-safe training under PyTorch Lightning's Trainer, in its own idiom: one callback.
+
+    from slurmddp.integrations.lightning import SlurmddpCallback
+    trainer = Trainer(..., strategy="ddp", callbacks=[SlurmddpCallback()])
+    trainer.fit(model, ckpt_path="last")          # or no ckpt_path: both resume
+
+or, without touching the Trainer line, `slurmddp.integrations.lightning.auto()` once lightning is
+imported: every Trainer built afterwards gets the callback.
+
+What the callback does, per hook (Lightning 2.6.6; docs/frameworks/lightning.md says why):
+- after every optimizer step (`on_train_batch_end` of a batch that stepped, so once per step with
+  `accumulate_grad_batches`), on every rank: `slurmddp.should_stop()`. When every rank agreed, each
+  saves the step: `trainer.save_checkpoint` (every rank calls it, rank 0 writes it), its own RNG
+  streams, and a completion marker written last; then `slurmddp.exit_for_requeue()`, which leaves
+  `fit` through Lightning's own exception path (no collective) and skips what follows `fit`.
+- Lightning's SIGTERM handler runs a broadcast inside the handler (it hung 300 s against DDP's
+  all-reduce): the callback puts slurmddp's recording handler back right after Lightning registers
+  its own, so a stop is acted on only at the agreed step.
+- the resume point: the newest complete checkpoint (all markers there, sizes and CRC32s as
+  recorded; incomplete and damaged ones skipped), chosen by rank 0 and broadcast, replaces what
+  `fit(ckpt_path=None|"last")` resolved to unless that file is newer.
+- on resume: the RNG streams of every rank, the sampler's epoch and the batches already trained in
+  that epoch (the order continues mid-epoch, with DistributedSampler or any sampler whose order is
+  a function of its epoch), and one DDP bucket layout in every attempt.
+
+The checkpoints live in `$SLURMDDP_RUN_DIR/lightning_checkpoints/step-NNNNNNNN/` (or `dirpath`).
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import secrets
+import signal
+import sys
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from slurmddp.files import fsync_dir, read_json_object, write_json
+from slurmddp.job.checkpoint.io import file_crc32, write_stream_atomic
+from slurmddp.job.checkpoint.rng import capture_rng_state, restore_rng_state
+from slurmddp.job.stop import exit_for_requeue, should_stop
+
+try:
+    from lightning.pytorch import Callback as _Callback
+except ImportError:  # only the older package name is installed
+    from pytorch_lightning import Callback as _Callback  # type: ignore[assignment]
+
+if TYPE_CHECKING:
+    from torch.utils.data import DataLoader
+
+CHECKPOINTS_DIR = "lightning_checkpoints"
+"""Under the run directory: the checkpoints the callback saves at a stop."""
+LIGHTNING_FILE = "lightning.ckpt"
+"""Rank 0: the Trainer's checkpoint (`trainer.save_checkpoint`), what `fit(ckpt_path=...)` loads."""
+KEEP_LAST = 2
+_STOP_SIGNALS = ("SIGTERM", "SIGUSR1", "SIGUSR2")
+
+
+def _rank_file(rank: int) -> str:
+    return f"rank-{rank:05d}.pt"
+
+
+def _marker(rank: int) -> str:
+    return f"rank-{rank:05d}.done"
+
+
+def _step_dir(step: int) -> str:
+    return f"step-{step:08d}"
+
+
+def checkpoint_problems(path: Path, world_size: int, *, check_crc: bool) -> list[str]:
+    """Why `path` (a step directory) is not a complete checkpoint of `world_size` ranks; empty: it
+    is. Complete: every rank's marker, all from one attempt, and every file with the size (and
+    CRC32) its marker recorded."""
+    problems: list[str] = []
+    attempts = set()
+    for rank in range(world_size):
+        marker = read_json_object(path / _marker(rank))
+        if marker is None or not isinstance(marker.get("files"), dict):
+            problems.append(f"no completion marker from rank {rank}")
+            continue
+        attempts.add(marker.get("attempt"))
+        expected = [_rank_file(rank), *([LIGHTNING_FILE] if rank == 0 else [])]
+        for name in expected:
+            recorded = marker["files"].get(name)
+            if not isinstance(recorded, dict) or not isinstance(recorded.get("size"), int):
+                problems.append(f"{_marker(rank)} does not list {name}")
+                continue
+            try:
+                size = (path / name).stat().st_size
+            except FileNotFoundError:
+                problems.append(f"{name} is missing")
+                continue
+            if size != recorded["size"]:
+                problems.append(f"{name} has {size} bytes, its marker says {recorded['size']}")
+            elif check_crc and file_crc32(path / name) != recorded.get("crc32"):
+                problems.append(f"{name} has another CRC32 than its marker records (corrupt)")
+    if len(attempts) > 1:
+        problems.append("its markers come from different attempts")
+    return problems
+
+
+def newest_complete(root: Path, world_size: int) -> Path | None:
+    """The newest complete checkpoint under `root` (CRC32s checked), skipping, with a warning, any
+    newer one that is incomplete or damaged."""
+    if not root.is_dir():
+        return None
+    for path in sorted(root.glob("step-*"), reverse=True):
+        problems = checkpoint_problems(path, world_size, check_crc=True)
+        if not problems:
+            return path
+        print(f"slurmddp: skipping checkpoint {path}: {'; '.join(problems)}", file=sys.stderr, flush=True)
+    return None
+
+
+class _SkipFirst:
+    """Stands in for a BatchSampler's sampler for one iteration: that iteration starts `skip`
+    indices in, then the original sampler is put back. Its length is the whole epoch's, as Lightning
+    counts the batches already trained into the epoch itself."""
+
+    def __init__(self, batch_sampler: Any, skip: int) -> None:
+        self.batch_sampler = batch_sampler
+        self.sampler = batch_sampler.sampler
+        self.skip = skip
+
+    def __iter__(self) -> Iterator[Any]:
+        self.batch_sampler.sampler = self.sampler
+        return itertools.islice(iter(self.sampler), self.skip, None)
+
+    def __len__(self) -> int:
+        return len(self.sampler)
+
+    def set_epoch(self, epoch: int) -> None:
+        if hasattr(self.sampler, "set_epoch"):
+            self.sampler.set_epoch(epoch)
+
+
+class SlurmddpCallback(_Callback):
+    """Stop at the step every rank agreed on, save it completely, end for a requeue; resume from
+    the newest complete checkpoint, mid-epoch, with every rank's RNG streams.
+
+    `dirpath`: where the checkpoints go (default: `$SLURMDDP_RUN_DIR/lightning_checkpoints`, or
+    the Trainer's `default_root_dir` outside a slurmddp job). `same_buckets`: give DDP's gradient
+    buckets one layout in every attempt (parameter order) instead of the layout DDP rebuilds after
+    its first step, which a resumed attempt would reach one step later than the uninterrupted run
+    did: with 3 or more ranks the first resumed step would sum in another order (other bits).
+    """
+
+    def __init__(self, dirpath: str | os.PathLike[str] | None = None, *, same_buckets: bool = True) -> None:
+        super().__init__()
+        self.dirpath = Path(dirpath) if dirpath is not None else None
+        self.same_buckets = same_buckets
+        self._position: dict[str, int] = {"epoch": 0, "consumed": 0}
+        self._loaded: dict[str, int] | None = None
+        self._resume: Path | None = None
+        self._resumed_from: Path | None = None
+        self._attempt = ""
+        self._seen_step = -1
+        self._ours: dict[int, Any] = {}
+
+    # -- where ----------------------------------------------------------------------------------
+
+    def root(self, trainer: Any) -> Path:
+        if self.dirpath is not None:
+            return self.dirpath
+        run_dir = os.environ.get("SLURMDDP_RUN_DIR")
+        if run_dir:
+            return Path(run_dir) / CHECKPOINTS_DIR
+        return Path(trainer.default_root_dir) / CHECKPOINTS_DIR
+
+    # -- state Lightning saves in its checkpoints -------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        return dict(self._position)
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self._loaded = {key: int(state_dict[key]) for key in ("epoch", "consumed")}
+
+    # -- hooks ----------------------------------------------------------------------------------
+
+    def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        if stage != "fit":
+            return
+        self._keep_signal_handlers(trainer)
+        newest = None
+        if trainer.is_global_zero:
+            found = newest_complete(self.root(trainer), trainer.world_size)
+            newest = (str(found) if found else None, secrets.token_hex(8))
+        # Every rank calls setup at the same point: one object broadcast, before anything loads.
+        path, self._attempt = trainer.strategy.broadcast(newest, src=0)
+        self._resume = Path(path) if path else None
+        self._choose_resume_point(trainer)
+
+    def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+        self._restore_signal_handlers()
+        if self.same_buckets:
+            _fix_bucket_layout(trainer)
+        self._seen_step = trainer.global_step
+        if self._resumed_from is not None:
+            rng = _load_local(self._resumed_from / _rank_file(trainer.global_rank))
+            self._resume_data(trainer, rng)
+
+    def on_train_batch_end(
+        self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        self._position = {"epoch": trainer.current_epoch, "consumed": batch_idx + 1}
+        if trainer.global_step == self._seen_step:
+            return  # an accumulating micro-batch: no optimizer step, no step boundary
+        self._seen_step = trainer.global_step
+        if should_stop():
+            self._save(trainer)
+            exit_for_requeue()
+
+    def on_fit_end(self, trainer: Any, pl_module: Any) -> None:
+        self._restore_signal_handlers()
+
+    # -- signals ----------------------------------------------------------------------------------
+
+    def _keep_signal_handlers(self, trainer: Any) -> None:
+        """Lightning registers its SIGTERM handler (which broadcasts inside the handler) between
+        the setup hook and the training; put slurmddp's back at once after it does."""
+        self._ours = {}
+        for name in _STOP_SIGNALS:
+            signum = getattr(signal, name)
+            handler = signal.getsignal(signum)
+            if handler not in (None, signal.SIG_DFL, signal.SIG_IGN):
+                self._ours[signum] = handler
+        connector = getattr(trainer, "_signal_connector", None)
+        register = getattr(connector, "register_signal_handlers", None)
+        if connector is None or register is None or getattr(register, "_slurmddp", False):
+            return  # another Lightning: on_train_start puts them back
+
+        def register_then_restore() -> None:
+            register()
+            self._restore_signal_handlers()
+
+        register_then_restore._slurmddp = True  # type: ignore[attr-defined]
+        connector.register_signal_handlers = register_then_restore
+
+    def _restore_signal_handlers(self) -> None:
+        for signum, handler in self._ours.items():
+            if signal.getsignal(signum) is not handler:
+                signal.signal(signum, handler)
+
+    # -- the resume point -------------------------------------------------------------------------
+
+    def _choose_resume_point(self, trainer: Any) -> None:
+        """Make Lightning restore from our newest complete checkpoint, unless the checkpoint it
+        resolved itself (`ckpt_path="last"`: ModelCheckpoint's last.ckpt) is a newer file."""
+        connector = getattr(trainer, "_checkpoint_connector", None)
+        resume_start = getattr(connector, "resume_start", None)
+        if connector is None or resume_start is None:
+            raise RuntimeError(
+                "slurmddp's Lightning callback cannot choose the checkpoint to resume from in this "
+                "Lightning version (no Trainer._checkpoint_connector.resume_start); tested with 2.6.6"
+            )
+        original = getattr(resume_start, "_slurmddp_original", resume_start)
+        ours = self._resume
+
+        def choosing(checkpoint_path: Any = None, weights_only: Any = None) -> None:
+            chosen = checkpoint_path
+            if (
+                ours is not None
+                and trainer.state.fn == "fit"
+                and (not checkpoint_path or _mtime(checkpoint_path) <= _mtime(ours / LIGHTNING_FILE))
+            ):
+                chosen = str(ours / LIGHTNING_FILE)
+            self._resumed_from = ours if ours is not None and chosen == str(ours / LIGHTNING_FILE) else None
+            if self._resumed_from is not None and trainer.is_global_zero:
+                print(f"slurmddp: resuming from {self._resumed_from}", file=sys.stderr, flush=True)
+            original(chosen, weights_only)
+
+        choosing._slurmddp_original = original  # type: ignore[attr-defined]
+        connector.resume_start = choosing
+
+    # -- saving -----------------------------------------------------------------------------------
+
+    def _save(self, trainer: Any) -> None:
+        import torch
+
+        rank, world_size = trainer.global_rank, trainer.world_size
+        root = self.root(trainer)
+        path = root / _step_dir(trainer.global_step)
+        path.mkdir(parents=True, exist_ok=True)
+        marker = path / _marker(rank)
+        if marker.exists():
+            # Left by an attempt that died saving this step: gone before the files change under it.
+            marker.unlink()
+            fsync_dir(path)
+        files: dict[str, dict[str, Any]] = {}
+        # Every rank calls it (the strategy decides who writes; DDP: rank 0, then a barrier).
+        trainer.save_checkpoint(path / LIGHTNING_FILE)
+        if rank == 0:
+            with open(path / LIGHTNING_FILE, "rb") as handle:
+                os.fsync(handle.fileno())
+            files[LIGHTNING_FILE] = {
+                "size": (path / LIGHTNING_FILE).stat().st_size,
+                "crc32": file_crc32(path / LIGHTNING_FILE),
+            }
+        state = {"rng": capture_rng_state()}
+        files[_rank_file(rank)] = write_stream_atomic(path / _rank_file(rank), lambda f: torch.save(state, f))
+        fsync_dir(path)
+        write_json(
+            marker,
+            {
+                "step": trainer.global_step,
+                "rank": rank,
+                "world_size": world_size,
+                "attempt": self._attempt,
+                "files": files,
+            },
+        )
+        # All ranks are here at the same step: rank 0 prunes only once every marker is written.
+        trainer.strategy.barrier("slurmddp-saved")
+        if rank == 0:
+            _prune(root, world_size, keep=KEEP_LAST)
+            print(f"slurmddp: saved {path}", file=sys.stderr, flush=True)
+
+    # -- resuming the data order and the RNG streams ----------------------------------------------
+
+    def _resume_data(self, trainer: Any, rng: Mapping[str, Any]) -> None:
+        """Continue the data where the saved step left it, and every RNG stream as it was after
+        that step. A DataLoader iterator draws its base seed from the global torch RNG: the
+        uninterrupted run made that draw at the start of each epoch, so the iterator is made again
+        here before the RNG is restored (mid-epoch) or after (the step ended its epoch)."""
+        loaders = _train_loaders(trainer)
+        position = self._loaded or {"epoch": trainer.current_epoch, "consumed": 0}
+        epoch, consumed = position["epoch"], position["consumed"]
+        at_epoch_end = consumed >= trainer.num_training_batches
+        stateful = [dl for dl in loaders if hasattr(dl, "state_dict") and hasattr(dl, "load_state_dict")]
+        if stateful:
+            # Lightning restored their position itself (e.g. torchdata's StatefulDataLoader).
+            restore_rng_state(rng["rng"])
+            return
+        for dl in loaders:
+            _set_epoch(dl, epoch + 1 if at_epoch_end else epoch)
+            if not at_epoch_end and consumed:
+                _skip(dl, consumed)
+        fetcher = getattr(trainer.fit_loop, "_data_fetcher", None)
+        if fetcher is None or not loaders:
+            print(
+                "slurmddp: warning: found no training DataLoader or iterator to position (a Lightning "
+                "other than 2.6.6?); the data order after this resume is Lightning's own",
+                file=sys.stderr,
+                flush=True,
+            )
+        if at_epoch_end:
+            restore_rng_state(rng["rng"])
+            if fetcher is not None:
+                iter(fetcher)
+        else:
+            if fetcher is not None:
+                iter(fetcher)
+            restore_rng_state(rng["rng"])
+
+
+def _mtime(path: Any) -> float:
+    try:
+        return Path(path).stat().st_mtime
+    except (OSError, TypeError, ValueError):
+        return float("-inf")
+
+
+def _load_local(path: Path) -> dict[str, Any]:
+    import torch
+
+    state: dict[str, Any] = torch.load(path, map_location="cpu", weights_only=True)
+    return state
+
+
+def _prune(root: Path, world_size: int, keep: int) -> None:
+    import shutil
+
+    complete = [
+        p
+        for p in sorted(root.glob("step-*"), reverse=True)
+        if not checkpoint_problems(p, world_size, check_crc=False)
+    ]
+    if len(complete) < keep:
+        return
+    oldest_kept = complete[keep - 1]
+    for path in root.glob("step-*"):
+        if path.name < oldest_kept.name:
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def _train_loaders(trainer: Any) -> list[DataLoader[Any]]:
+    from torch.utils.data import DataLoader
+
+    combined = getattr(trainer.fit_loop, "_combined_loader", None)
+    flattened = getattr(combined, "flattened", None) or []
+    return [dl for dl in flattened if isinstance(dl, DataLoader)]
+
+
+def _set_epoch(dl: DataLoader[Any], epoch: int) -> None:
+    for sampler in (dl.sampler, getattr(dl.batch_sampler, "sampler", None)):
+        set_epoch = getattr(sampler, "set_epoch", None)
+        if callable(set_epoch):
+            set_epoch(epoch)
+
+
+def _skip(dl: DataLoader[Any], batches: int) -> None:
+    from torch.utils.data import BatchSampler
+
+    if not isinstance(dl.batch_sampler, BatchSampler) or isinstance(dl.batch_sampler.sampler, _SkipFirst):
+        print(
+            "slurmddp: warning: the training DataLoader has no BatchSampler of torch's; its epoch "
+            "starts again from its first batch (give it a state_dict/load_state_dict to resume it)",
+            file=sys.stderr,
+            flush=True,
+        )
+        return
+    batch_sampler = dl.batch_sampler
+    batch_sampler.sampler = _SkipFirst(batch_sampler, batches * batch_sampler.batch_size)
+
+
+def _fix_bucket_layout(trainer: Any) -> None:
+    """DDP lays out its gradient buckets in parameter order, then rebuilds them once in the order
+    gradients became ready in its first backward. A resumed attempt would reduce its first step in
+    the first layout, where the uninterrupted run used the rebuilt one: with 3 or more ranks other
+    bits. Pushing every parameter as "ready" before the first forward makes DDP rebuild to
+    parameter order at once, in every attempt alike (and never again)."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    model = trainer.strategy.model
+    if not isinstance(model, DistributedDataParallel) or model.static_graph or model.find_unused_parameters:
+        return
+    reducer = getattr(model, "reducer", None)
+    push = getattr(reducer, "_push_all_rebuilt_params", None)
+    if push is not None:
+        push()
+
+
+def _add_callback(init: Any, callback_type: type) -> Any:
+    def init_with_callback(trainer: Any, *args: Any, **kwargs: Any) -> None:
+        callbacks = kwargs.get("callbacks")
+        if callbacks is None:
+            callbacks = []
+        elif not isinstance(callbacks, list):
+            callbacks = [callbacks]
+        if not any(isinstance(cb, SlurmddpCallback) for cb in callbacks):
+            callbacks = [*callbacks, callback_type()]
+        kwargs["callbacks"] = callbacks
+        init(trainer, *args, **kwargs)
+
+    init_with_callback._slurmddp = True  # type: ignore[attr-defined]
+    return init_with_callback
+
+
+def auto() -> None:
+    """Every Lightning Trainer built from now on gets a SlurmddpCallback (unless it has one):
+    `lightning.pytorch`'s, and `pytorch_lightning`'s where that package is imported too."""
+    for package in ("lightning.pytorch", "pytorch_lightning"):
+        module = sys.modules.get(package)
+        if module is None:
+            continue
+        trainer = module.Trainer
+        if getattr(trainer.__init__, "_slurmddp", False):
+            continue
+        callback_type: type = SlurmddpCallback
+        if not issubclass(SlurmddpCallback, module.Callback):
+            callback_type = type("SlurmddpCallback", (SlurmddpCallback, module.Callback), {})
+        trainer.__init__ = _add_callback(trainer.__init__, callback_type)
