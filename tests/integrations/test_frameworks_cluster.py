@@ -46,6 +46,12 @@ CASES = {
         steps="steps/rank-{rank}.txt",
         digest="param_sha256",
     ),
+    "lightning": Case(
+        "lightning.yaml",
+        ("--steps", "120", "--sleep", "0.05"),
+        steps="steps/rank-{rank}.txt",
+        digest="sha256",
+    ),
 }
 
 
