@@ -254,7 +254,10 @@ def test_a_full_checkpoint_disk_costs_checkpoints_but_not_the_run(
         said = rf"(rank \d: )?no space left on {re.escape(str(checkpoints))}: [\d.]+ (bytes|kB) free, "
         stop = r" \(the checkpoint for the stop at step 13 was not saved\)"
         assert re.fullmatch(said + r".*" + stop, failure["error"]), failure
-        # Retried (on Slurm: requeued) within the failure budget, named by the lack of space.
+        # Retried (on Slurm: requeued) within the failure budget, named by the lack of space. The
+        # ranks ran as the local executor's (no scontrol from a test), whose rank 0 records its
+        # attempt's end itself; Slurm's decision sees the run as its batch script would, without.
+        (run / "attempts.jsonl").unlink()
         decision = requeue.decide(
             run,
             1,
