@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -107,33 +108,45 @@ def submit(root: Path, *flags: str, steps: int = STEPS) -> Run:
     return Run(root, proc)
 
 
-def preempt_at(run: Run, thresholds: list[int], timeout: float = 300) -> None:
+def preempt_at(
+    run: Run, thresholds: list[int], timeout: float = 300, after_stop: Callable[[int], None] | None = None
+) -> None:
     """For each threshold in turn: once the attempt running then has made that optimizer step,
-    send every rank SIGUSR2 (what Slurm sends on preemption), and wait for the next attempt to
-    resume. Records the step each attempt stopped at in `run.stops`."""
+    send every rank SIGUSR2 (what Slurm sends on preemption), wait for the stop's save, call
+    `after_stop` with its step (before the next attempt looks for its resume point: it has yet to
+    start its ranks and import torch), and wait for the next attempt to resume. Records the step
+    each stop saved in `run.stops`."""
     for attempt, threshold in enumerate(thresholds):
-        deadline = time.monotonic() + timeout
+
+        def alive(what: str, deadline: float = time.monotonic() + timeout) -> None:
+            assert run.proc.poll() is None, f"the run ended {what}: {run.proc.communicate()[0]}"
+            assert time.monotonic() < deadline, f"timed out {what} (thresholds {thresholds})"
+
         while not (run.resumes() == attempt and (run.steps() or [0])[-1] >= threshold):
-            assert run.proc.poll() is None, (
-                f"the run ended before step {threshold}: {run.proc.communicate()[0]}"
-            )
-            assert time.monotonic() < deadline, f"no step {threshold} (thresholds {thresholds})"
+            alive(f"before step {threshold}")
             time.sleep(0.02)
         run_dir = run.run_dir()
         assert run_dir is not None
         for pid in rank_pids(run_dir):
             os.kill(pid, signal.SIGUSR2)
+        while len(saved := _saved(run_dir)) <= attempt:
+            alive(f"before the save for the stop at {threshold}")
+            time.sleep(0.02)
+        run.stops.append(saved[attempt])
+        if after_stop is not None:
+            after_stop(saved[attempt])
         while run.resumes() == attempt:
-            assert run.proc.poll() is None, f"the run ended instead of resuming: {run.proc.communicate()[0]}"
-            assert time.monotonic() < deadline, f"no resume after the stop at {threshold}"
+            alive(f"before resuming after the stop at {threshold}")
             time.sleep(0.05)
-        run.stops.append(_stopped_at(run_dir, attempt))
 
 
-def _stopped_at(run_dir: Path, attempt: int) -> int:
-    """The checkpoint step the attempt-th stop saved, from rank 0's log."""
+def _saved(run_dir: Path) -> list[int]:
+    """The step of each checkpoint saved for a stop, from rank 0's log."""
     logs = "".join(
         path.read_text(errors="replace") for path in sorted((run_dir / "logs").glob("*_0_log.err"))
     )
-    saved = [part.split()[0] for part in logs.split("saved checkpoint-")[1:]]
-    return int(saved[attempt])
+    return [
+        int(part.split()[0])
+        for part in logs.split("slurmddp: saved checkpoint-")[1:]
+        if " for the stop" in part
+    ]
