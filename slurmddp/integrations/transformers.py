@@ -423,6 +423,11 @@ def _patch_train() -> None:
                 "warning: enable_jit_checkpoint saves on its own SIGTERM handler, at another step on "
                 "each rank; SlurmddpCallback saves at the step the ranks agree on: turn it off"
             )
+        if self.args.save_only_model and in_job():
+            _say(
+                "warning: save_only_model=True saves no optimizer, scheduler or RNG state: a "
+                "requeued attempt cannot resume the training exactly; set it to False"
+            )
         point = _choose(self, resume_from_checkpoint)
         # Last, so that every other callback has seen a save before the stop ends the attempt.
         self.callback_handler.callbacks.remove(callback)
