@@ -231,6 +231,25 @@ def test_a_stop_saves_a_complete_checkpoint_at_that_step_and_the_resume_ends_whe
     assert example.digest(resumed.model) == expected
 
 
+def test_a_stop_whose_save_trainer_drops_is_saved_by_the_callback_before_the_next_step(
+    tmp_path: Path, example: ModuleType, monkeypatch: pytest.MonkeyPatch, patched_trainer: None
+) -> None:
+    # save_strategy="best": after the evaluation at the stop's step Trainer sets should_save to
+    # whether the metric improved, over the callback's True (a falling loss never does here).
+    monkeypatch.setattr(stop, "should_stop", FakeStop(at=3))
+    trainer = tiny_trainer(example, tmp_path, [hf.SlurmddpCallback()], steps=6)
+    trainer.eval_dataset = trainer.train_dataset
+    trainer.args.eval_strategy = transformers.trainer_utils.IntervalStrategy.STEPS
+    trainer.args.eval_steps = 1
+    trainer.args.save_strategy = transformers.trainer_utils.SaveStrategy.BEST
+    trainer.args.metric_for_best_model = "loss"
+    trainer.args.greater_is_better = True
+    with pytest.raises(StopForRequeue):
+        trainer.train()
+    assert trainer.state.global_step == 3
+    assert hf.checkpoint_problem(tmp_path / "checkpoint-3") is None
+
+
 def test_a_save_trainer_makes_on_its_own_is_marked_complete_too(
     tmp_path: Path, example: ModuleType, patched_trainer: None
 ) -> None:
