@@ -232,14 +232,35 @@ class SlurmddpCallback(TrainerCallback):
     def on_train_begin(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
     ) -> None:
-        if self.resumed and state.global_step > 0 and self.trainer is not None:
-            prime(self.trainer, kwargs.get("train_dataloader"))
+        trainer = self.trainer
+        if not (self.resumed and state.global_step > 0 and trainer is not None):
+            return
+        if 0 < state.max_steps <= state.global_step:
+            # Resumed from a stop at the last step: Trainer would make one step more before it
+            # checks max_steps (transformers 5.24), so this attempt only finishes (the script's
+            # code after train() runs). `_run_epoch` is Trainer's own epoch, replaced here once.
+            def finished(**_: Any) -> None:
+                trainer.control.should_training_stop = True
+
+            trainer._run_epoch = finished  # type: ignore[method-assign,assignment]
+            return
+        prime(trainer, kwargs.get("train_dataloader"))
 
     def on_step_end(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
     ) -> None:
         if stop.should_stop():
             self.stopping = True
+            # At an epoch's last step (or the run's), the save waits for the epoch's end: the
+            # uninterrupted run evaluates there (which draws from the RNG) before the next batch.
+            ends_epoch = state.epoch is not None and float(state.epoch).is_integer()
+            if not (ends_epoch or 0 < state.max_steps <= state.global_step):
+                control.should_save = True
+
+    def on_epoch_end(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
+        if self.stopping:
             control.should_save = True
 
     def on_save(
@@ -265,8 +286,8 @@ class SlurmddpCallback(TrainerCallback):
         stop.exit_for_requeue()
 
     def _save_if_stopping(self) -> None:
-        """A stop whose save Trainer dropped (save_strategy="best" overrides `should_save` after an
-        evaluation) is saved here, before anything else happens."""
+        """A stop whose save Trainer dropped (save_strategy="best" sets `should_save` after an
+        evaluation, over the callback's) is saved here, before the next batch is drawn."""
         if self.stopping and self.trainer is not None:
             trainer = self.trainer
             trainer._save_checkpoint(trainer.model_wrapped, trial=None)
@@ -276,7 +297,7 @@ class SlurmddpCallback(TrainerCallback):
     def on_step_begin(self, *_: Any, **__: Any) -> None:
         self._save_if_stopping()
 
-    def on_epoch_end(self, *_: Any, **__: Any) -> None:
+    def on_epoch_begin(self, *_: Any, **__: Any) -> None:
         self._save_if_stopping()
 
     def on_train_end(self, *_: Any, **__: Any) -> None:
@@ -439,6 +460,7 @@ def _patch_train() -> None:
             return original(self, point, *args, **kwargs)
         finally:
             callback.trainer = None
+            self.__dict__.pop("_run_epoch", None)
 
     setattr(Trainer, _ORIGINAL_TRAIN, original)
     Trainer.train = train  # type: ignore[method-assign]

@@ -171,7 +171,9 @@ def patched_trainer() -> Iterator[None]:
             delattr(Trainer, name)
 
 
-def tiny_trainer(example: ModuleType, out: Path, callbacks: list[Any], steps: int = 12) -> Trainer:
+def tiny_trainer(
+    example: ModuleType, out: Path, callbacks: list[Any], steps: int = 12, evaluate: bool = False
+) -> Trainer:
     torch.manual_seed(0)
     config = transformers.GPT2Config(
         vocab_size=61, n_positions=16, n_embd=16, n_layer=1, n_head=2, bos_token_id=0, eos_token_id=0
@@ -187,10 +189,18 @@ def tiny_trainer(example: ModuleType, out: Path, callbacks: list[Any], steps: in
         seed=0,
         use_cpu=True,
         disable_tqdm=True,
+        eval_strategy="epoch" if evaluate else "no",
     )
+    # 40 samples, 4 a batch, 2 batches a step: 5 steps an epoch.
     dataset = example.SyntheticText(size=40, length=16, vocab=61, seed=1)
     model = transformers.GPT2LMHeadModel(config)
-    return Trainer(model=model, args=args, train_dataset=dataset, callbacks=callbacks)
+    return Trainer(
+        model=model,
+        args=args,
+        train_dataset=dataset,
+        eval_dataset=dataset if evaluate else None,
+        callbacks=callbacks,
+    )
 
 
 class FakeStop:
@@ -205,30 +215,34 @@ class FakeStop:
         return self.calls == self.at
 
 
+@pytest.mark.parametrize("at", [3, 5, 12], ids=["mid-epoch", "at-an-epochs-end", "at-the-last-step"])
 def test_a_stop_saves_a_complete_checkpoint_at_that_step_and_the_resume_ends_where_an_uninterrupted_run_does(
-    tmp_path: Path, example: ModuleType, monkeypatch: pytest.MonkeyPatch, patched_trainer: None
+    tmp_path: Path, example: ModuleType, monkeypatch: pytest.MonkeyPatch, patched_trainer: None, at: int
 ) -> None:
-    reference = tiny_trainer(example, tmp_path / "ref", [])
+    # An evaluation at each epoch's end draws from the RNG: a stop there must save after it.
+    reference = tiny_trainer(example, tmp_path / "ref", [], evaluate=True)
     reference.train()
     expected = example.digest(reference.model)
 
     monkeypatch.setenv(stop.STORE_ENV, "127.0.0.1:1")  # in a job, as far as the resume goes
-    fake = FakeStop(at=5)
+    fake = FakeStop(at=at)
     monkeypatch.setattr(stop, "should_stop", fake)
     out = tmp_path / "out"
-    trainer = tiny_trainer(example, out, [hf.SlurmddpCallback()])
+    trainer = tiny_trainer(example, out, [hf.SlurmddpCallback()], evaluate=True)
     with pytest.raises(StopForRequeue):
         trainer.train()
-    assert fake.calls == 5, "should_stop() is asked once per optimizer step, accumulation included"
-    assert [p.name for _, p in hf.checkpoints(out)] == ["checkpoint-5"]
-    assert hf.checkpoint_problem(out / "checkpoint-5") is None
-    assert trainer.state.global_step == 5
+    assert fake.calls == at, "should_stop() is asked once per optimizer step, accumulation included"
+    assert [p.name for _, p in hf.checkpoints(out)] == [f"checkpoint-{at}"]
+    assert hf.checkpoint_problem(out / f"checkpoint-{at}") is None
+    assert trainer.state.global_step == at
 
     monkeypatch.setattr(stop, "should_stop", FakeStop(at=None))
-    resumed = tiny_trainer(example, out, [hf.SlurmddpCallback()])
+    resumed = tiny_trainer(example, out, [hf.SlurmddpCallback()], evaluate=True)
     resumed.train()  # resume_from_checkpoint=None, as on a requeued attempt: found for the script
     assert resumed.state.global_step == 12
     assert example.digest(resumed.model) == expected
+    evaluations = [e["epoch"] for e in resumed.state.log_history if "eval_loss" in e]
+    assert evaluations == [e["epoch"] for e in reference.state.log_history if "eval_loss" in e]
 
 
 def test_a_stop_whose_save_trainer_drops_is_saved_by_the_callback_before_the_next_step(
