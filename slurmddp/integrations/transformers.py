@@ -235,10 +235,11 @@ class SlurmddpCallback(TrainerCallback):
         trainer = self.trainer
         if not (self.resumed and state.global_step > 0 and trainer is not None):
             return
-        if 0 < state.max_steps <= state.global_step:
-            # Resumed from a stop at the last step: Trainer would make one step more before it
-            # checks max_steps (transformers 5.24), so this attempt only finishes (the script's
-            # code after train() runs). `_run_epoch` is Trainer's own epoch, replaced here once.
+        if _training_had_ended(state):
+            # Resumed from a stop at the step where training ended (max_steps, or a callback such
+            # as early stopping asked it to): Trainer would go on with the next step before it
+            # checks (transformers 5.24), so this attempt only finishes (the script's code after
+            # train() runs). `_run_epoch` is Trainer's own epoch, replaced here for this call.
             def finished(**_: Any) -> None:
                 trainer.control.should_training_stop = True
 
@@ -302,6 +303,16 @@ class SlurmddpCallback(TrainerCallback):
 
     def on_train_end(self, *_: Any, **__: Any) -> None:
         self._save_if_stopping()
+
+
+def _training_had_ended(state: TrainerState) -> bool:
+    """Whether the checkpoint `state` was loaded from was saved where training ended: at
+    `max_steps`, or with Trainer's control saying stop (saved in `trainer_state.json`)."""
+    # A dict once TrainerState was built or loaded, whatever its annotation says.
+    stored: Any = state.stateful_callbacks
+    control = stored.get("TrainerControl") if isinstance(stored, dict) else None
+    asked = isinstance(control, dict) and control.get("args", {}).get("should_training_stop") is True
+    return asked or 0 < state.max_steps <= state.global_step
 
 
 # ---- The priming step --------------------------------------------------------------------------

@@ -245,6 +245,33 @@ def test_a_stop_saves_a_complete_checkpoint_at_that_step_and_the_resume_ends_whe
     assert evaluations == [e["epoch"] for e in reference.state.log_history if "eval_loss" in e]
 
 
+class EndsAt(transformers.TrainerCallback):
+    """A callback that ends training at one step, as early stopping does."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if state.global_step == self.step:
+            control.should_training_stop = True
+
+
+def test_a_stop_at_the_step_a_callback_ended_training_at_resumes_to_finish_only(
+    tmp_path: Path, example: ModuleType, monkeypatch: pytest.MonkeyPatch, patched_trainer: None
+) -> None:
+    reference = tiny_trainer(example, tmp_path / "ref", [EndsAt(4)])
+    reference.train()
+    monkeypatch.setenv(stop.STORE_ENV, "127.0.0.1:1")
+    monkeypatch.setattr(stop, "should_stop", FakeStop(at=4))
+    with pytest.raises(StopForRequeue):
+        tiny_trainer(example, tmp_path / "out", [EndsAt(4), hf.SlurmddpCallback()]).train()
+    monkeypatch.setattr(stop, "should_stop", FakeStop(at=None))
+    resumed = tiny_trainer(example, tmp_path / "out", [EndsAt(4), hf.SlurmddpCallback()])
+    resumed.train()
+    assert resumed.state.global_step == reference.state.global_step == 4
+    assert example.digest(resumed.model) == example.digest(reference.model)
+
+
 def test_a_stop_whose_save_trainer_drops_is_saved_by_the_callback_before_the_next_step(
     tmp_path: Path, example: ModuleType, monkeypatch: pytest.MonkeyPatch, patched_trainer: None
 ) -> None:
