@@ -6,7 +6,10 @@ At the end of every optimizer step (gradient accumulation included: Trainer call
 once per optimizer step) every rank asks `slurmddp.should_stop()`. When the ranks agreed to stop,
 Trainer saves its own `checkpoint-N` at that step, every rank waits until the checkpoint is durable
 and marked complete, and the attempt ends with `slurmddp.exit_for_requeue()`: `trainer.train()`
-raises, so nothing the script does after it (a final save, an evaluation, a push) runs.
+raises, so nothing the script does after it (a final save, an evaluation, a push) runs. At an
+epoch's last step the save waits for the epoch's end (its evaluation draws from the RNG before the
+next epoch's batches); an attempt resumed where training had ended (max_steps, early stopping)
+only finishes.
 
 Completeness. Trainer writes `checkpoint-N` in place, with no mark of completion (only its JIT
 checkpoint leaves `checkpoint-is-incomplete.txt` there while it saves, and `get_last_checkpoint`
@@ -27,9 +30,11 @@ starts from the beginning. Outside a job only a request for the last checkpoint 
 `checkpoint-N` of `output_dir`) is resolved, to the newest complete one.
 
 Exactness: DDP rebuilds its gradient buckets after the first backward; a resumed process would
-reduce its first step in the initial layout, which with 3 or more ranks sums in another order. So
-on a resumed attempt the callback runs one priming forward and backward before the first step
-(docs/resume.md, "The priming step"), then puts back the gradients, buffers and RNG streams.
+reduce its first step in the initial layout, which with 3 or more ranks sums in another order
+(with `ddp_find_unused_parameters=False`; Trainer's default for a PreTrainedModel, True, never
+rebuilds). So on a resumed attempt the callback runs one priming forward and backward before the
+first step (docs/resume.md, "The priming step"), then puts back the gradients, buffers and RNG
+streams.
 
 `auto()` gives every Trainer built afterwards the callback, for scripts left unchanged.
 """
