@@ -371,6 +371,7 @@ def test_stopped_twice_at_random_steps_it_ends_bit_identical_with_no_step_redone
     run = submit(tmp_path, *FLAGS)
     preempt_at(run, thresholds)
     run.wait()
+    print(f"stopped at steps {run.stops} (signalled after {thresholds})")
     assert len(run.stops) == 2 and run.stops[0] < run.stops[1] < STEPS, (thresholds, run.stops)
     assert run.result()["sha256"] == reference.result()["sha256"], (thresholds, run.stops)
     assert_each_step_once(run)
