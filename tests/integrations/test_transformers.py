@@ -146,7 +146,7 @@ def test_incomplete_checkpoints_are_set_aside_with_their_reason(tmp_path: Path) 
 # ---- A tiny Trainer in this process, with a fake stop -------------------------------------------
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def example() -> ModuleType:
     """examples/frameworks/transformers_train.py as a module (its data set and digest)."""
     spec = importlib.util.spec_from_file_location("transformers_train", SCRIPT)
@@ -215,14 +215,27 @@ class FakeStop:
         return self.calls == self.at
 
 
+@pytest.fixture(scope="module")
+def uninterrupted(example: ModuleType, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, list[float]]:
+    """The in-process reference: the final digest, and the epochs evaluated at."""
+    # An evaluation at each epoch's end draws from the RNG: a stop there must save after it.
+    reference = tiny_trainer(example, tmp_path_factory.mktemp("ref"), [], evaluate=True)
+    reference.train()
+    return example.digest(reference.model), [
+        e["epoch"] for e in reference.state.log_history if "eval_loss" in e
+    ]
+
+
 @pytest.mark.parametrize("at", [3, 5, 12], ids=["mid-epoch", "at-an-epochs-end", "at-the-last-step"])
 def test_a_stop_saves_a_complete_checkpoint_at_that_step_and_the_resume_ends_where_an_uninterrupted_run_does(
-    tmp_path: Path, example: ModuleType, monkeypatch: pytest.MonkeyPatch, patched_trainer: None, at: int
+    tmp_path: Path,
+    example: ModuleType,
+    uninterrupted: tuple[str, list[float]],
+    monkeypatch: pytest.MonkeyPatch,
+    patched_trainer: None,
+    at: int,
 ) -> None:
-    # An evaluation at each epoch's end draws from the RNG: a stop there must save after it.
-    reference = tiny_trainer(example, tmp_path / "ref", [], evaluate=True)
-    reference.train()
-    expected = example.digest(reference.model)
+    expected, evaluated = uninterrupted
 
     monkeypatch.setenv(stop.STORE_ENV, "127.0.0.1:1")  # in a job, as far as the resume goes
     fake = FakeStop(at=at)
@@ -242,7 +255,7 @@ def test_a_stop_saves_a_complete_checkpoint_at_that_step_and_the_resume_ends_whe
     assert resumed.state.global_step == 12
     assert example.digest(resumed.model) == expected
     evaluations = [e["epoch"] for e in resumed.state.log_history if "eval_loss" in e]
-    assert evaluations == [e["epoch"] for e in reference.state.log_history if "eval_loss" in e]
+    assert evaluations == evaluated
 
 
 class EndsAt(transformers.TrainerCallback):
