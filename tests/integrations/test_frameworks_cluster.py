@@ -31,11 +31,16 @@ class Case:
 
     experiment: str
     args: tuple[str, ...]
+    """`{out}` stands for the run's output_dir."""
     steps: str = "steps-{rank}.log"
+    """Relative to the run directory."""
     digest: str = "digest"
 
-    def overrides(self) -> tuple[str, ...]:
-        return (f"entrypoint.args=[{','.join(self.args)}]",)
+    def overrides(self, out: Path) -> tuple[str, ...]:
+        return (
+            f"entrypoint.args=[{','.join(arg.format(out=out) for arg in self.args)}]",
+            f"output_dir={out}",
+        )
 
 
 CASES = {
@@ -45,6 +50,12 @@ CASES = {
         ("--epochs", "6", "--record-steps", "--step-sleep", "0.05"),
         steps="steps/rank-{rank}.txt",
         digest="param_sha256",
+    ),
+    "transformers": Case(
+        "transformers.yaml",
+        ("--max-steps", "120", "--record-steps", "{out}/steps", "--step-sleep", "0.05"),
+        steps="../../steps/rank-{rank}.txt",
+        digest="sha256",
     ),
     "lightning": Case(
         "lightning.yaml",
@@ -82,7 +93,7 @@ def reference(framework: str, tmp_path_factory: pytest.TempPathFactory) -> tuple
     case = CASES[framework]
     out = tmp_path_factory.mktemp(f"reference-{framework}") / "runs"
     ranks = ("resources.nodes=1", "resources.tasks_per_node=4")
-    run = finish(submit(out, case.experiment, *ranks, *case.overrides()), out)
+    run = finish(submit(out, case.experiment, *ranks, *case.overrides(out)), out)
     total = len(made(run, case))
     assert_each_step_once(run, case, total)
     return str(final(run)[case.digest]), total
@@ -91,7 +102,7 @@ def reference(framework: str, tmp_path_factory: pytest.TempPathFactory) -> tuple
 def lab_submit(env: dict[str, str], out: Path, case: Case) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     experiment = str(FRAMEWORKS / case.experiment)
-    proc = slurmddp(env, out.parent, "submit", experiment, *LAYOUT, *case.overrides(), f"output_dir={out}")
+    proc = slurmddp(env, out.parent, "submit", experiment, *LAYOUT, *case.overrides(out))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     (manifest,) = out.glob("*/*/manifest.json")
     return manifest.parent
