@@ -7,8 +7,8 @@ DistributedSampler in), DDP on CPU. Each rank appends every optimizer step it ma
 RUN_DIR/steps/rank-R.txt; rank 0 writes the final parameters' sha256 to RUN_DIR/final.json.
 Flags for the tests: `--steps`, `--sleep` (seconds added to each step), `--signal-at N ...` (each
 rank raises USR2 in itself after step N: the ranks stop after step N + 1), `--workers`,
-`--accumulate`, `--any-buckets` (`SlurmddpCallback(same_buckets=False)`), `--no-callback` (leave
-the line out), `--auto` (leave it out and call `slurmddp.integrations.lightning.auto()` instead).
+`--accumulate`, `--no-callback` (leave the line out), `--auto` (leave it out and call
+`slurmddp.integrations.lightning.auto()` instead).
 """
 
 from __future__ import annotations
@@ -86,7 +86,6 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=0.05)
     parser.add_argument("--sleep", type=float, default=0.0, help="seconds added to each step")
     parser.add_argument("--signal-at", type=int, nargs="*", default=[], help="raise USR2 after these steps")
-    parser.add_argument("--any-buckets", action="store_true", help="SlurmddpCallback(same_buckets=False)")
     parser.add_argument("--no-callback", action="store_true")
     parser.add_argument("--auto", action="store_true")
     args = parser.parse_args()
@@ -110,7 +109,7 @@ def main() -> None:
     elif not args.no_callback:
         from slurmddp.integrations.lightning import SlurmddpCallback
 
-        callbacks.append(SlurmddpCallback(same_buckets=not args.any_buckets))  # the one line
+        callbacks.append(SlurmddpCallback())  # the one line
     # Under torchrun (or slurmddp) every process is one device: devices x num_nodes = WORLD_SIZE.
     local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     trainer = pl.Trainer(

@@ -21,7 +21,13 @@ What the callback does, per hook (Lightning 2.6.6; docs/frameworks/lightning.md 
   `fit(ckpt_path=None|"last")` resolved to unless that file is newer.
 - on resume: the RNG streams of every rank, the sampler's epoch and the batches already trained in
   that epoch (the order continues mid-epoch, with DistributedSampler or any sampler whose order is
-  a function of its epoch), and one DDP bucket layout in every attempt.
+  a function of its epoch).
+
+DDP's bucket rebuild after its first step (which a resumed attempt would reach one step later than
+the uninterrupted run did) is not the callback's concern: slurmddp builds a resumed attempt's DDP
+in the layout the first attempt's rebuilt to, in every script's process (`ddp.resume_buckets`,
+job/ddp_buckets.py), so with 3 or more ranks the first step after a resume sums as the
+uninterrupted run did.
 
 The checkpoints live in `$SLURMDDP_RUN_DIR/lightning_checkpoints/step-NNNNNNNN/` (or `dirpath`).
 """
@@ -142,16 +148,12 @@ class SlurmddpCallback(_Callback):
     the newest complete checkpoint, mid-epoch, with every rank's RNG streams.
 
     `dirpath`: where the checkpoints go (default: `$SLURMDDP_RUN_DIR/lightning_checkpoints`, or
-    the Trainer's `default_root_dir` outside a slurmddp job). `same_buckets`: give DDP's gradient
-    buckets one layout in every attempt (parameter order) instead of the layout DDP rebuilds after
-    its first step, which a resumed attempt would reach one step later than the uninterrupted run
-    did: with 3 or more ranks the first resumed step would sum in another order (other bits).
+    the Trainer's `default_root_dir` outside a slurmddp job).
     """
 
-    def __init__(self, dirpath: str | os.PathLike[str] | None = None, *, same_buckets: bool = True) -> None:
+    def __init__(self, dirpath: str | os.PathLike[str] | None = None) -> None:
         super().__init__()
         self.dirpath = Path(dirpath) if dirpath is not None else None
-        self.same_buckets = same_buckets
         self._position: dict[str, int] = {"epoch": 0, "consumed": 0}
         self._loaded: dict[str, int] | None = None
         self._resume: Path | None = None
@@ -195,8 +197,6 @@ class SlurmddpCallback(_Callback):
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         self._restore_signal_handlers()
-        if self.same_buckets:
-            _fix_bucket_layout(trainer)
         self._seen_step = trainer.global_step
         if self._resumed_from is not None:
             rng = _load_local(self._resumed_from / _rank_file(trainer.global_rank))
@@ -414,23 +414,6 @@ def _skip(dl: DataLoader[Any], batches: int) -> None:
         return
     batch_sampler = dl.batch_sampler
     batch_sampler.sampler = _SkipFirst(batch_sampler, batches * batch_sampler.batch_size)
-
-
-def _fix_bucket_layout(trainer: Any) -> None:
-    """DDP lays out its gradient buckets in parameter order, then rebuilds them once in the order
-    gradients became ready in its first backward. A resumed attempt would reduce its first step in
-    the first layout, where the uninterrupted run used the rebuilt one: with 3 or more ranks other
-    bits. Pushing every parameter as "ready" before the first forward makes DDP rebuild to
-    parameter order at once, in every attempt alike (and never again)."""
-    from torch.nn.parallel import DistributedDataParallel
-
-    model = trainer.strategy.model
-    if not isinstance(model, DistributedDataParallel) or model.static_graph or model.find_unused_parameters:
-        return
-    reducer = getattr(model, "reducer", None)
-    push = getattr(reducer, "_push_all_rebuilt_params", None)
-    if push is not None:
-        push()
 
 
 def _add_callback(init: Any, callback_type: type) -> Any:

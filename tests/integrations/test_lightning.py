@@ -142,6 +142,9 @@ def test_preempted_twice_at_random_steps_it_ends_on_the_uninterrupted_run_bit_fo
     stopped = [int(step) for step in re.findall(r"slurmddp: saved \S*/step-(\d{8})", log)]
     assert len(stopped) == 2, (thresholds, log[-3000:])
     assert any(s % BATCHES_PER_EPOCH for s in stopped), stopped
+    # The first attempt recorded its DDP's rebuilt bucket layout, which the resumed ones were built
+    # in (ddp.resume_buckets): what makes their first steps sum as the uninterrupted run did.
+    assert (run / "ddp" / "0.json").is_file(), sorted(p.name for p in run.iterdir())
     assert digest(run) == reference, (thresholds, stopped)
     assert_every_step_once(run)
 
