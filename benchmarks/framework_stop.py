@@ -4,9 +4,9 @@ stop: 3 local gloo ranks, interleaved runs.
     python benchmarks/framework_stop.py [--frameworks torchrun,transformers,...] [--rounds 3]
 
 For each framework it runs, `--rounds` times in turn, the script without the integration and with
-it, uninterrupted, and compares their median time per optimizer step (from the timestamps each
-rank writes to RUN_DIR/steps-RANK.log; the first 10 steps left out): the ratio per round, and
-its median (target <= 1.01; on 2 shared cores single runs swing by several percent). Then one run
+it, uninterrupted, and compares their median time per optimizer step (from the time each rank's
+step log gives every step, the last word of its line; the first 10 steps left out): the ratio per
+round, and its median (target <= 1.01; on 2 shared cores single runs swing by several percent). Then one run
 with the integration is sent the stop signal (USR2, as Slurm sends it) at a third of its steps:
 it prints the time from the signal to the last step every rank made (all ranks stop at the same
 step: the step printed), and to the stop's record, written once every rank's script saved its
@@ -31,26 +31,29 @@ ROOT = Path(__file__).resolve().parents[1]
 FRAMEWORKS = ROOT / "examples" / "frameworks"
 RANKS = 3
 CASES = {
-    # name: (experiment, the arguments that leave the integration out)
-    "torchrun": ("torchrun.yaml", "--no-slurmddp"),
+    # name: (experiment, its arguments, the arguments that leave the integration out, the step
+    # log of rank R relative to the run directory)
+    "torchrun": ("torchrun.yaml", "--epochs 6", "--no-slurmddp", "steps-{rank}.log"),
+    "accelerate": ("accelerate.yaml", "--epochs 6 --record-steps", "--no-helper", "steps/rank-{rank}.txt"),
+    "lightning": ("lightning.yaml", "--steps 240", "--no-callback", "steps/rank-{rank}.txt"),
 }
 
 
-def steps(run: Path, rank: int) -> list[tuple[int, float]]:
-    lines = (run / f"steps-{rank}.log").read_text().splitlines()
-    return [(int(step), float(at)) for step, at in (line.split() for line in lines)]
+def steps(run: Path, rank: int, log: str) -> list[tuple[int, float]]:
+    lines = (run / log.format(rank=rank)).read_text().splitlines()
+    return [(int(line.split()[0]), float(line.split()[-1])) for line in lines]
 
 
-def submit(experiment: str, out: Path, extra_args: str = "") -> tuple[subprocess.Popen[str], Path]:
-    entry = (FRAMEWORKS / experiment).read_text().split("entrypoint:", 1)[1].splitlines()[0].strip()
+def submit(name: str, out: Path, without: bool = False) -> tuple[subprocess.Popen[str], Path]:
+    experiment, args, leave_out, _ = CASES[name]
+    arguments = args.split() + (leave_out.split() if without else [])
     overrides = [
         f"resources.tasks_per_node={RANKS}",
         "resources.nodes=1",
         "executor=local",
         f"output_dir={out}",
+        f"entrypoint.args=[{','.join(arguments)}]",
     ]
-    if extra_args:
-        overrides.append(f"entrypoint.args=[{','.join(entry.split()[1:] + extra_args.split())}]")
     proc = subprocess.Popen(
         [sys.executable, "-m", "slurmddp", "submit", str(FRAMEWORKS / experiment), *overrides],
         cwd=out.parent,
@@ -66,8 +69,8 @@ def run_dir(out: Path) -> Path:
     return manifest.parent
 
 
-def step_time(run: Path) -> float:
-    times = [at for _, at in steps(run, 0)][10:]
+def step_time(name: str, run: Path) -> float:
+    times = [at for _, at in steps(run, 0, CASES[name][3])][10:]
     return statistics.median(b - a for a, b in itertools.pairwise(times))
 
 
@@ -91,14 +94,13 @@ def finished(proc: subprocess.Popen[str]) -> None:
 
 
 def overhead(name: str, rounds: int, work: Path) -> None:
-    experiment, without = CASES[name]
     ratios = []
     for number in range(rounds):
         timed = {}
-        for variant, extra in (("without", without), ("with", "")):
-            proc, out = submit(experiment, work / f"{name}-{variant}-{number}", extra)
+        for variant in ("without", "with"):
+            proc, out = submit(name, work / f"{name}-{variant}-{number}", without=variant == "without")
             finished(proc)
-            timed[variant] = step_time(run_dir(out))
+            timed[variant] = step_time(name, run_dir(out))
         ratios.append(timed["with"] / timed["without"])
         print(
             f"{name}: round {number + 1}: step {1000 * timed['without']:.2f} ms without, "
@@ -110,9 +112,9 @@ def overhead(name: str, rounds: int, work: Path) -> None:
 
 
 def stop_latency(name: str, work: Path) -> None:
-    experiment, _ = CASES[name]
-    proc, out = submit(experiment, work / f"{name}-stopped")
-    while not list(out.glob("*/*/steps-0.log")) or len(steps(run_dir(out), 0)) < 60:
+    log = CASES[name][3]
+    proc, out = submit(name, work / f"{name}-stopped")
+    while not list(out.glob(f"*/*/{log.format(rank=0)}")) or len(steps(run_dir(out), 0, log)) < 60:
         if proc.poll() is not None:
             raise SystemExit(f"{name}: the run ended before its 60th step")
         time.sleep(0.02)
@@ -121,8 +123,12 @@ def stop_latency(name: str, work: Path) -> None:
     for pid in rank_pids(run):
         os.kill(pid, signal.SIGUSR2)
     finished(proc)
-    last = [max((s for s in steps(run, r) if s[1] < sent + 60), key=lambda s: s[1]) for r in range(RANKS)]
     stopped = json.loads((run / "stop.json").read_text())
+    # Each rank's last step of the stopped attempt: the last one made before the stop's record.
+    last = [
+        max((s for s in steps(run, r, log) if s[1] < stopped["time"]), key=lambda s: s[1])
+        for r in range(RANKS)
+    ]
     print(
         f"{name}: signal -> every rank stopped (at step {sorted({s for s, _ in last})}): "
         f"{1000 * (max(at for _, at in last) - sent):.0f} ms; -> checkpoint durable and the ranks out: "

@@ -101,7 +101,7 @@ def main() -> None:
             if accelerator.sync_gradients:
                 completed_steps += 1
                 if steps_file:
-                    steps_file.write(f"{completed_steps} {epoch}\n")
+                    steps_file.write(f"{completed_steps} {epoch} {time.time()}\n")
                     steps_file.flush()
                 if args.step_sleep:
                     time.sleep(args.step_sleep)

@@ -3,7 +3,7 @@
 `python -m slurmddp submit examples/frameworks/lightning.yaml`.
 
 A tiny MLP with dropout on seeded synthetic data, a DataLoader with shuffle=True (Lightning puts a
-DistributedSampler in), DDP on CPU. Each rank appends every optimizer step it makes to
+DistributedSampler in), DDP on CPU. Each rank appends every optimizer step it makes, and its time, to
 RUN_DIR/steps/rank-R.txt; rank 0 writes the final parameters' sha256 to RUN_DIR/final.json.
 Flags for the tests: `--steps`, `--sleep` (seconds added to each step), `--signal-at N ...` (each
 rank raises USR2 in itself after step N: the ranks stop after step N + 1), `--workers`,
@@ -58,7 +58,7 @@ class Model(pl.LightningModule):
         step = self.trainer.global_step + 1
         self.steps.parent.mkdir(parents=True, exist_ok=True)
         with open(self.steps, "a") as handle:
-            handle.write(f"{step}\n")
+            handle.write(f"{step} {time.time()}\n")
         if step in self.signal_at:
             # As if Slurm's USR2 came right now: every rank stops after the next step.
             signal.raise_signal(signal.SIGUSR2)

@@ -307,8 +307,8 @@ def stop_twice(out: Path, proc: subprocess.Popen[str], stops: list[int]) -> None
             log = rank0_log(out)
             if log.count("slurmddp: resumed from") == attempt:
                 path = next((out / "runs").glob("*/*/steps/rank-0.txt"), None)
-                lines = path.read_text().split() if path else []
-                if lines and int(lines[-2]) >= threshold:
+                lines = path.read_text().splitlines() if path else []
+                if lines and int(lines[-1].split()[0]) >= threshold:
                     break
             time.sleep(0.02)
         for pid in rank_pids(only_run(out / "runs")):

@@ -63,7 +63,7 @@ def finish(proc: subprocess.Popen[str], tmp: Path, timeout: float = 300) -> Path
 def steps_of(run: Path, rank: int) -> list[int]:
     path = run / "steps" / f"rank-{rank}.txt"
     try:
-        return [int(line) for line in path.read_text().splitlines() if line.strip()]
+        return [int(line.split()[0]) for line in path.read_text().splitlines() if line.strip()]
     except OSError:
         return []
 
