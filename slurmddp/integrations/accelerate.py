@@ -48,7 +48,6 @@ methods, so `import slurmddp` stays light and this module type-checks without ac
 from __future__ import annotations
 
 import os
-import random
 import re
 import shutil
 import sys
@@ -60,6 +59,7 @@ from typing import Any
 from slurmddp import files
 from slurmddp.errors import CheckpointError
 from slurmddp.job import stop
+from slurmddp.job.checkpoint.rng import capture_rng_state, restore_rng_state
 
 MARKER = "slurmddp-complete.json"
 """Written by rank 0 last, once every rank's save_state returned and its files are durable."""
@@ -149,41 +149,6 @@ def _say(text: str) -> None:
     print(f"slurmddp: {text}", file=sys.stderr, flush=True)
 
 
-def _rng_state() -> dict[str, Any]:
-    """This process's random streams, as `torch.load(weights_only=True)` reads them back."""
-    import numpy as np
-    import torch
-
-    kind, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)
-    state: dict[str, Any] = {
-        "torch": torch.get_rng_state(),
-        "python": random.getstate(),
-        "numpy": (
-            str(kind),
-            torch.from_numpy(np.asarray(keys, dtype=np.int64)),
-            int(pos),
-            int(has_gauss),
-            float(cached),
-        ),
-    }
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def _set_rng_state(state: dict[str, Any]) -> None:
-    import numpy as np
-    import torch
-
-    torch.set_rng_state(state["torch"])
-    version, internal, gauss = state["python"]
-    random.setstate((version, tuple(internal), gauss))
-    kind, keys, pos, has_gauss, cached = state["numpy"]
-    np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
-
-
 def _fsync_files(path: Path) -> None:
     """Make what this process wrote under `path` durable. A rank cannot tell which files
     accelerate's save_state wrote on it (rank 0 the weights, every rank its random states), so it
@@ -266,12 +231,12 @@ class Resumable:
         restore, self._rng = (self._rng if skip else None), None
         for batch in loader:
             if restore is not None:
-                _set_rng_state(restore)
+                restore_rng_state(restore)
                 restore = None
             self.batch += 1
             yield batch
         if restore is not None:
-            _set_rng_state(restore)
+            restore_rng_state(restore)
         if self.epoch == epoch:
             self.epoch, self.batch = epoch + 1, 0
 
@@ -324,7 +289,7 @@ class Resumable:
         own = {
             "position": [position.step, position.epoch, position.batch],
             "accumulation_step": int(getattr(accelerator, "step", 0)),
-            "rng": _rng_state(),
+            "rng": capture_rng_state(),
         }
         rank_file = path / RANK_FILE.format(rank=rank)
         temporary = rank_file.with_name(f".{rank_file.name}.tmp")
@@ -417,7 +382,7 @@ class Resumable:
             own = torch.load(
                 candidate.path / RANK_FILE.format(rank=accelerator.process_index), weights_only=True
             )
-            _set_rng_state(own["rng"])
+            restore_rng_state(own["rng"])
         except Exception as exc:  # any failure to read the state is what is reported
             return f"rank {accelerator.process_index}: {type(exc).__name__}: {exc}"
         if hasattr(accelerator, "step"):
