@@ -2,9 +2,12 @@
 framework's integration (slurmddp/integrations/) patches it so that every Trainer built afterwards
 gets slurmddp's preemption callback, as the one line of docs/frameworks/ would add it.
 
-The hook waits for the Trainer module itself, not the framework's top package: a script that
-imports transformers for its models alone, with a loop of its own, never pays for (or gets) the
-Trainer's import. Stdlib only until a hooked module loads.
+The hook waits for a module that is whole once it has loaded: transformers' Trainer module
+(`transformers` loads it lazily, so a script that imports transformers for its models alone, with
+a loop of its own, never pays for the Trainer's import), and Lightning's `pytorch` package, whose
+`__init__` loads its Trainer module while the package itself is still half-made (an integration
+called from there could not import `lightning.pytorch.Callback`). Stdlib only until a hooked module
+loads.
 """
 
 from __future__ import annotations
@@ -18,8 +21,8 @@ from types import ModuleType
 
 HOOKS = {
     "transformers.trainer": "slurmddp.integrations.transformers",
-    "lightning.pytorch.trainer.trainer": "slurmddp.integrations.lightning",
-    "pytorch_lightning.trainer.trainer": "slurmddp.integrations.lightning",
+    "lightning.pytorch": "slurmddp.integrations.lightning",
+    "pytorch_lightning": "slurmddp.integrations.lightning",
 }
 """Module whose loading patches -> the integration whose `auto()` patches it."""
 
@@ -42,10 +45,19 @@ class _Finder(importlib.abc.MetaPathFinder):
 
             def exec_module(self, module: ModuleType) -> None:
                 loader.exec_module(module)
-                importlib.import_module(HOOKS[fullname]).auto()
+                _patch(HOOKS[fullname])
 
         spec.loader = _Loader()
         return spec
+
+
+def _patch(integration: str) -> None:
+    loading = sys.modules.get(integration)
+    if loading is not None and getattr(loading.__spec__, "_initializing", False):
+        # The integration is being imported (it imports its framework: pytorch_lightning's
+        # brings lightning.pytorch): its own caller patches once it is whole.
+        return
+    importlib.import_module(integration).auto()
 
 
 def install() -> None:
@@ -53,4 +65,4 @@ def install() -> None:
     sys.meta_path.insert(0, _Finder())
     for name, integration in HOOKS.items():
         if name in sys.modules:
-            importlib.import_module(integration).auto()
+            _patch(integration)

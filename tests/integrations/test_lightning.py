@@ -42,10 +42,12 @@ def experiment(tmp: Path, *flags: str, steps: int = STEPS) -> Path:
     return path
 
 
-def submit(tmp: Path, *flags: str, steps: int = STEPS) -> subprocess.Popen[str]:
+def submit(
+    tmp: Path, *flags: str, steps: int = STEPS, overrides: tuple[str, ...] = ()
+) -> subprocess.Popen[str]:
     exp = experiment(tmp, *flags, steps=steps)
     return subprocess.Popen(
-        [sys.executable, "-m", "slurmddp", "submit", str(exp), f"output_dir={tmp / 'runs'}"],
+        [sys.executable, "-m", "slurmddp", "submit", str(exp), f"output_dir={tmp / 'runs'}", *overrides],
         cwd=tmp,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -161,8 +163,10 @@ def test_a_sigterm_only_stop_ends_cleanly_and_soon(tmp_path: Path, reference: st
     assert_every_step_once(run)
 
 
-def test_auto_gives_the_same_run_without_the_line(tmp_path: Path, reference: str) -> None:
-    proc = submit(tmp_path, "--auto", *SLOW)
+def test_integrations_auto_gives_the_same_run_without_the_line(tmp_path: Path, reference: str) -> None:
+    """`integrations: auto` in the experiment: the script, without the callback, gets it from
+    slurmddp's import hook (job/autoload.py) once Lightning's Trainer module loads."""
+    proc = submit(tmp_path, "--no-callback", *SLOW, overrides=("integrations=auto",))
     stop_at(proc, tmp_path, [random.randrange(8, 40)], signal.SIGUSR2)
     run = finish(proc, tmp_path)
     assert digest(run) == reference
