@@ -28,8 +28,9 @@ from slurmddp import StopForRequeue  # noqa: E402
 from slurmddp.integrations import transformers as hf  # noqa: E402
 from slurmddp.job import stop  # noqa: E402
 
-# The harder case: without find_unused_parameters DDP rebuilds its buckets, and only the priming
-# step keeps a resume exact (with Trainer's default, True for a PreTrainedModel, none is needed).
+# The harder case: without find_unused_parameters DDP rebuilds its buckets after the first backward,
+# and a resume is exact only because slurmddp builds the resumed DDP in the layout the first attempt
+# recorded (ddp.resume_buckets); with Trainer's default, True for a PreTrainedModel, DDP never rebuilds.
 FLAGS = ("--find-unused=false", "--step-sleep=0.03")
 
 
@@ -388,6 +389,8 @@ def test_stopped_twice_at_random_steps_it_ends_bit_identical_with_no_step_redone
     assert len(run.stops) == 2 and run.stops[0] < run.stops[1] < STEPS, (thresholds, run.stops)
     assert run.result()["sha256"] == reference.result()["sha256"], (thresholds, run.stops)
     assert_each_step_once(run)
+    run_dir = run.run_dir()
+    assert run_dir is not None and (run_dir / "ddp" / "0.json").exists(), "no DDP bucket layout recorded"
 
 
 def test_an_incomplete_and_a_damaged_checkpoint_are_skipped_on_resume(
