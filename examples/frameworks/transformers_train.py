@@ -10,7 +10,10 @@ runs this script again and `trainer.train()` resumes from the newest complete ch
 Rank 0 writes the final parameters' SHA-256 to RUN_DIR/final.json (`--final`). The flags the
 tests use: `--integration none|callback|auto` (leave the integration out, add the callback, or call
 `slurmddp.integrations.transformers.auto()` and leave the script unchanged), `--record-steps DIR`
-(each rank appends every optimizer step it makes to DIR/rank-R.txt).
+(each rank appends every optimizer step it makes to DIR/rank-R.txt), `--find-unused false` (DDP then
+rebuilds its gradient buckets after the first backward; slurmddp's `ddp.resume_buckets` builds a
+resumed attempt's DDP in the recorded layout, so the resume stays exact), `--save-steps N`,
+`--step-sleep S`.
 """
 
 from __future__ import annotations

@@ -29,32 +29,27 @@ Without one, a path elsewhere (another run's checkpoint to start from) is kept; 
 starts from the beginning. Outside a job only a request for the last checkpoint (True, or a
 `checkpoint-N` of `output_dir`) is resolved, to the newest complete one.
 
-Exactness: DDP rebuilds its gradient buckets after the first backward; a resumed process would
-reduce its first step in the initial layout, which with 3 or more ranks sums in another order
-(with `ddp_find_unused_parameters=False`; Trainer's default for a PreTrainedModel, True, never
-rebuilds). So on a resumed attempt the callback runs one priming forward and backward before the
-first step (docs/resume.md, "The priming step"), then puts back the gradients, buffers and RNG
-streams.
+Exactness: Trainer restores the data order, the RNG streams and every state it saved. DDP's
+gradient buckets need nothing here: with Trainer's default for a PreTrainedModel
+(`ddp_find_unused_parameters=True`) DDP never rebuilds them, and with False slurmddp builds a
+resumed attempt's DDP in the layout the first attempt rebuilt to, for every script
+(`ddp.resume_buckets`, job/ddp_buckets.py).
 
 `auto()` gives every Trainer built afterwards the callback, for scripts left unchanged.
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import itertools
 import json
 import os
-import random
 import shutil
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import torch
 import torch.distributed as dist
 from transformers import Trainer, TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
@@ -249,8 +244,6 @@ class SlurmddpCallback(TrainerCallback):
                 trainer.control.should_training_stop = True
 
             trainer._run_epoch = finished  # type: ignore[method-assign,assignment]
-            return
-        prime(trainer, kwargs.get("train_dataloader"))
 
     def on_step_end(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
@@ -318,88 +311,6 @@ def _training_had_ended(state: TrainerState) -> bool:
     control = stored.get("TrainerControl") if isinstance(stored, dict) else None
     asked = isinstance(control, dict) and control.get("args", {}).get("should_training_stop") is True
     return asked or 0 < state.max_steps <= state.global_step
-
-
-# ---- The priming step --------------------------------------------------------------------------
-
-
-@contextlib.contextmanager
-def _kept_rng() -> Iterator[None]:
-    states = (random.getstate(), torch.random.get_rng_state())
-    # The current device's generator only: asking every device's would start CUDA on each.
-    cuda_on = torch.cuda.is_available() and torch.cuda.is_initialized()  # type: ignore[no-untyped-call]
-    cuda = torch.cuda.get_rng_state() if cuda_on else None
-    try:
-        import numpy
-
-        np_state: Any = numpy.random.get_state()
-    except ImportError:
-        np_state = None
-    try:
-        yield
-    finally:
-        random.setstate(states[0])
-        torch.random.set_rng_state(states[1])
-        if cuda is not None:
-            torch.cuda.set_rng_state(cuda)
-        if np_state is not None:
-            import numpy
-
-            numpy.random.set_state(np_state)
-
-
-def needs_priming(model: torch.nn.Module) -> int:
-    """How many priming backwards a resumed DDP model needs before its first step: DDP rebuilds its
-    buckets once, at the forward after its first backward (after the second with static_graph);
-    with find_unused_parameters (no rebuild) or one rank, none."""
-    from torch.nn.parallel import DistributedDataParallel
-
-    if not isinstance(model, DistributedDataParallel) or dist.get_world_size() < 2:
-        return 0
-    if model.static_graph:
-        return 2
-    return 0 if model.find_unused_parameters else 1
-
-
-def prime(trainer: Trainer, loader: Any) -> None:
-    """Run the backwards DDP records its bucket order from, on a resumed attempt, so that its first
-    real step reduces in the layout the uninterrupted run had: forward and backward on the first
-    samples of the training set, then the gradients (cleared), buffers and RNG streams put back.
-    Any samples do: the order in which gradients become ready depends on the graph, not on them."""
-    model = trainer.model_wrapped
-    count = needs_priming(model)
-    if not count:
-        return
-    samples = _first_samples(loader, trainer.args.per_device_train_batch_size)
-    if not samples:
-        _say(
-            "warning: no training samples to prime DDP's buckets with; the first step after this "
-            "resume may differ in its last bits (ddp_find_unused_parameters=True avoids it)"
-        )
-        return
-    buffers = {name: buf.detach().clone() for name, buf in model.named_buffers()}
-    with _kept_rng():
-        for _ in range(count):
-            inputs = trainer._prepare_inputs(loader.collate_fn(samples))
-            model.train()
-            with trainer.compute_loss_context_manager():
-                loss = trainer.compute_loss(model, inputs)
-            value: torch.Tensor = loss[0] if isinstance(loss, tuple) else loss
-            value.backward()  # type: ignore[no-untyped-call]
-    model.zero_grad(set_to_none=True)
-    with torch.no_grad():
-        for name, buf in model.named_buffers():
-            buf.copy_(buffers[name])
-
-
-def _first_samples(loader: Any, count: int) -> list[Any]:
-    """The first `count` samples of the loader's data set (map-style or iterable)."""
-    dataset = getattr(loader, "dataset", None)
-    if dataset is None or not callable(getattr(loader, "collate_fn", None)):
-        return []
-    if isinstance(dataset, torch.utils.data.IterableDataset):
-        return list(itertools.islice(iter(dataset), count))
-    return [dataset[i] for i in range(min(count, len(dataset)))]
 
 
 # ---- Trainer.train, patched --------------------------------------------------------------------

@@ -18,7 +18,7 @@ from conftest import ROOT, rank_pids, run_dirs
 
 SCRIPT = ROOT / "examples" / "frameworks" / "transformers_train.py"
 RANKS = 3
-STEPS = 120
+STEPS = 60
 
 
 @dataclass
