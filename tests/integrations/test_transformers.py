@@ -425,8 +425,12 @@ def test_an_incomplete_and_a_damaged_checkpoint_are_skipped_on_resume(
     assert_each_step_once(run)
 
 
-def test_auto_without_the_added_line_gives_the_same_result(tmp_path: Path, reference: Reference) -> None:
-    run = submit(tmp_path, *FLAGS, "--integration=auto")
+def test_integrations_auto_without_the_added_line_gives_the_same_result(
+    tmp_path: Path, reference: Reference
+) -> None:
+    """`integrations: auto` in the experiment: the script builds its Trainer without the callback
+    and gets it from slurmddp's import hook (job/autoload.py) when transformers.trainer loads."""
+    run = submit(tmp_path, *FLAGS, "--integration=none", settings="integrations: auto\n")
     preempt_at(run, [random.randrange(8, 50)])
     run.wait()
     assert len(run.stops) == 1

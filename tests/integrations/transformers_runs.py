@@ -79,9 +79,9 @@ class Run:
         return [int(line) for line in (self.root / "after_train.txt").read_text().split()]
 
 
-def submit(root: Path, *flags: str, steps: int = STEPS) -> Run:
+def submit(root: Path, *flags: str, steps: int = STEPS, settings: str = "") -> Run:
     """Submit the example locally with 3 ranks under `root` (the Trainer's output_dir, the step
-    records and final.json too)."""
+    records and final.json too); `settings`: more lines of the experiment."""
     root.mkdir(parents=True, exist_ok=True)
     exp = root / "exp.yaml"
     entry = [
@@ -94,7 +94,7 @@ def submit(root: Path, *flags: str, steps: int = STEPS) -> Run:
     ]
     exp.write_text(
         f"entrypoint: {json.dumps(' '.join(entry))}\nexecutor: local\n"
-        f"resources: {{nodes: 1, tasks_per_node: {RANKS}, time: '00:20:00'}}\n"
+        f"resources: {{nodes: 1, tasks_per_node: {RANKS}, time: '00:20:00'}}\n{settings}"
     )
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen(
