@@ -41,6 +41,7 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=8, help="per rank")
     parser.add_argument("--lr", type=float, default=0.05)
     parser.add_argument("--no-slurmddp", action="store_true", help="leave slurmddp's lines out (benchmarks)")
+    parser.add_argument("--step-sleep", type=float, default=0.0, help="seconds added to each step (tests)")
     args = parser.parse_args()
     run_dir = os.environ.get("SLURMDDP_RUN_DIR", ".")
     ckpt_dir = os.path.join(run_dir, "checkpoints")
@@ -76,6 +77,7 @@ def main() -> None:
                 step += 1
                 steps_log.write(f"{step} {time.time()}\n")
                 steps_log.flush()
+                time.sleep(args.step_sleep)
                 if not args.no_slurmddp and slurmddp.should_stop():  # slurmddp
                     state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step}
                     checkpoints.save(ckpt_dir, step, state)  # slurmddp

@@ -44,7 +44,8 @@ class Case:
 
 
 CASES = {
-    "torchrun": Case("torchrun.yaml", ("--epochs", "6")),
+    # A run of a few seconds would end before the second preemption came.
+    "torchrun": Case("torchrun.yaml", ("--epochs", "12", "--step-sleep", "0.03")),
     "accelerate": Case(
         "accelerate.yaml",
         ("--epochs", "6", "--record-steps", "--step-sleep", "0.05"),
