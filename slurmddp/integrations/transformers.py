@@ -54,6 +54,7 @@ import torch.distributed as dist
 from transformers import Trainer, TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
+from slurmddp.files import fsync_dir, write_json
 from slurmddp.job import stop
 
 __all__ = ["COMPLETE", "SlurmddpCallback", "auto", "checkpoint_problem", "newest_complete", "resume_point"]
@@ -96,30 +97,16 @@ def _fsync_tree(folder: Path) -> None:
     """Make every file under `folder`, and the folder entries that name them, durable."""
     for path in sorted(folder.rglob("*"), reverse=True):
         if path.is_file() or path.is_dir():
-            _fsync(path)
-    _fsync(folder)
-    _fsync(folder.parent)
-
-
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+            # fsync_dir opens read-only and fsyncs: a file's contents as well as a folder's entries.
+            fsync_dir(path)
+    fsync_dir(folder)
+    fsync_dir(folder.parent)
 
 
 def write_marker(folder: Path, step: int, world_size: int) -> None:
     """Mark `folder` complete: its files and their sizes, by temp file, fsync and rename."""
     record = {"step": step, "world_size": world_size, "time": time.time(), "files": _files(folder)}
-    tmp = folder / f".{COMPLETE}.tmp"
-    with tmp.open("w") as handle:
-        json.dump(record, handle, indent=2, sort_keys=True)
-        handle.write("\n")
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, folder / COMPLETE)
-    _fsync(folder)
+    write_json(folder / COMPLETE, record)
 
 
 def checkpoint_problem(folder: Path) -> str | None:
