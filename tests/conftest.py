@@ -2,8 +2,13 @@
 session and Slurm generation, by the first test that asks for `slurm_env`, and stopped at the end
 of the session.
 
-Every test that uses the cluster runs once on each generation of the lab (Slurm 22.05 and 24.11;
-`SLURMDDP_LAB_SLURM=24.11` picks one), as `test_x[22.05]` and `test_x[24.11]`. Tests that use it
+A test that uses the cluster runs once on each generation of the lab (Slurm 22.05 and 24.11), as
+`test_x[22.05]` and `test_x[24.11]`, where what it proves can differ between them: submission and
+its script, arrays, accounting, the lab itself. A module whose tests prove our own runtime (resume,
+failures, fabric, frameworks) names the one generation it runs on with
+`pytest.mark.lab_generation("22.05")`, the modules spread over both: the suite's time is mostly lab
+time, and those tests would prove the same twice. `SLURMDDP_LAB_SLURM=24.11` runs every test on that
+one generation; `SLURMDDP_LAB_EVERY_GENERATION=1` runs every test on both. Tests that use it
 are marked `@pytest.mark.slurm`; a test that requests `slurm_env` gets the marker automatically,
 so `pytest -m "not slurm"` runs everything that needs no cluster. A test that starts a process gets
 the `process` marker, and one not marked that starts one fails (tests/process_rule.py), so
@@ -165,14 +170,18 @@ def own_user_state(
     return env
 
 
-def lab_generations() -> tuple[str, ...]:
-    """The generations to run the cluster tests on: both, or the one SLURMDDP_LAB_SLURM names."""
+def lab_generations(pinned: str | None = None) -> tuple[str, ...]:
+    """The generations to run a cluster test on: the one SLURMDDP_LAB_SLURM names; else the one
+    its module is `pinned` to, unless SLURMDDP_LAB_EVERY_GENERATION=1; else both."""
     chosen = os.environ.get("SLURMDDP_LAB_SLURM")
-    if not chosen:
-        return GENERATIONS
-    if chosen not in GENERATIONS:
-        raise pytest.UsageError(f"SLURMDDP_LAB_SLURM={chosen}: the lab runs {' or '.join(GENERATIONS)}")
-    return (chosen,)
+    for name, value in (("SLURMDDP_LAB_SLURM", chosen), ("lab_generation", pinned)):
+        if value and value not in GENERATIONS:
+            raise pytest.UsageError(f"{name}={value}: the lab runs {' or '.join(GENERATIONS)}")
+    if chosen:
+        return (chosen,)
+    if pinned and os.environ.get("SLURMDDP_LAB_EVERY_GENERATION") != "1":
+        return (pinned,)
+    return GENERATIONS
 
 
 def lab_instance() -> str:
@@ -189,8 +198,11 @@ def worker_job_id(n: int) -> int:
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "slurm_generation" in metafunc.fixturenames:
+        pinned = metafunc.definition.get_closest_marker("lab_generation")
         # Module scope: a module's reference runs are made once per generation.
-        metafunc.parametrize("slurm_generation", lab_generations(), scope="module")
+        metafunc.parametrize(
+            "slurm_generation", lab_generations(pinned.args[0] if pinned else None), scope="module"
+        )
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's loadgroup reads the xdist_group marks

@@ -13,7 +13,7 @@ from conftest import QUICKSTART, mpi_library_error, only_run, slurmddp, wait_for
 from slurmddp.job import records
 from slurmddp.job.records import End
 
-pytestmark = pytest.mark.slurm
+pytestmark = [pytest.mark.slurm, pytest.mark.lab_generation("22.05")]
 DIST_TIMEOUT_S = 300
 
 

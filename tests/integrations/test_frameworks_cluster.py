@@ -18,7 +18,7 @@ import pytest
 from conftest import slurmddp, wait_for_job, wait_until
 from framework_runs import FRAMEWORKS, final, finish, submit
 
-pytestmark = pytest.mark.slurm
+pytestmark = [pytest.mark.slurm, pytest.mark.lab_generation("22.05")]
 
 LAYOUT = ("resources.nodes=2", "resources.tasks_per_node=2")
 HIGH_JOB = ("-p", "high", "-N", "3", "--exclusive", "-t", "1", "--wrap", "sleep 3")

@@ -16,7 +16,7 @@ from train_sources import linear_ddp_train
 
 from slurmddp.cluster import hostlist
 
-pytestmark = pytest.mark.slurm
+pytestmark = [pytest.mark.slurm, pytest.mark.lab_generation("22.05")]
 
 # Rank 1 aborts (SIGABRT, no Python exception, nothing recorded by it) after 3 all-reduces, on the
 # first attempt only; the second attempt runs to the end.

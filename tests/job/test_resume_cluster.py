@@ -18,7 +18,7 @@ from conftest import ROOT, SYNTHETIC, parent_pid, rank_pids, slurmddp, wait_for_
 STEPS = 1000
 COMMON = [f"train.steps={STEPS}", "train.log_every=100"]
 
-pytestmark = pytest.mark.slurm
+pytestmark = [pytest.mark.slurm, pytest.mark.lab_generation("24.11")]
 
 
 def submit(env: dict[str, str], out: Path, *overrides: str, experiment: Path = SYNTHETIC) -> Path:

@@ -27,7 +27,7 @@ from quickstart_runs import (
     validation_history,
 )
 
-pytestmark = pytest.mark.slurm
+pytestmark = [pytest.mark.slurm, pytest.mark.lab_generation("24.11")]
 
 EPOCHS = 4
 LAYOUTS = {

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from conftest import only_run, slurmddp, wait_for_job
 
-pytestmark = pytest.mark.slurm
+pytestmark = [pytest.mark.slurm, pytest.mark.lab_generation("22.05")]
 
 NODES = 2
 TRAIN = """\

@@ -15,7 +15,7 @@ from omegaconf import OmegaConf
 
 from slurmddp.experiment.study import BATCH_KEY
 
-pytestmark = pytest.mark.slurm
+pytestmark = [pytest.mark.slurm, pytest.mark.lab_generation("24.11")]
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKLOAD = ROOT / "examples" / "sleep_compute.yaml"
