@@ -38,8 +38,15 @@ STOP_SIGNALS_ENV = "SLURMDDP_STOP_SIGNALS"
 SIGNAL_LEAD_S = 120
 BUDGETS: dict[RequeueReason, int] = {"timeout": 20, "preemption": -1, "failure": 3}
 """Requeues allowed per reason (-1: unlimited): requeue.max_timeouts, max_preemptions, max_failures."""
+IN_JOB_RESTARTS = 3
+"""requeue.in_job_restarts: restarts after a crash inside one allocation before it goes back to the queue."""
 EXIT_FINISHED = 3
 """`attempts begin`'s status when the run already ended for good: the batch script exits without srun."""
+EXIT_RESTART_IN_JOB = 4
+"""`attempts end`'s status when the attempt failed and the batch script starts the ranks again as a
+new srun step of the same allocation (requeue.in_job_restarts)."""
+IN_JOB_RESTART_ENV = "SLURMDDP_IN_JOB_RESTART"
+"""The batch script's count of restarts in this allocation, exported for `attempts` and the ranks."""
 LOCAL_REQUEUE_STATUS = 144
 """submitit's local controller reruns every task when one exits with this status (submitit 1.5)."""
 

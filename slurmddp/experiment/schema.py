@@ -15,6 +15,7 @@ from slurmddp.cluster.fabric import FabricProfile
 from slurmddp.cluster.timespec import parse_time
 from slurmddp.defaults import (
     BUDGETS,
+    IN_JOB_RESTARTS,
     SIGNAL_LEAD_S,
     STOP_SIGNAL,
     Autocast,
@@ -249,12 +250,17 @@ class Requeue:
     max_preemptions: int = BUDGETS["preemption"]
     """Requeues after a preemption; -1 (default) for no limit."""
     max_failures: int = BUDGETS["failure"]
-    """Requeues after a crash (a rank died or raised); a crash at the same step twice stops at once."""
+    """Requeues after a crash (a rank died or raised), once the in-job restarts of the allocation
+    are used up; a crash at the same step as the one before stops at once."""
+    in_job_restarts: int = IN_JOB_RESTARTS
+    """Restarts after a crash inside the allocation, as a new srun step from the newest checkpoint,
+    before the job goes back to the queue; per allocation. 0: every crash requeues."""
 
     def __post_init__(self) -> None:
         _at_least("requeue.signal_lead_s", self.signal_lead_s, 10)
         for key in ("max_timeouts", "max_preemptions", "max_failures"):
             _at_least(f"requeue.{key}", getattr(self, key), -1)
+        _at_least("requeue.in_job_restarts", self.in_job_restarts, 0)
 
 
 @dataclass(kw_only=True)

@@ -3,6 +3,10 @@
     python -m slurmddp.job.attempts begin RUN_DIR           (before srun)
     python -m slurmddp.job.attempts end RUN_DIR STATUS      (after srun, with srun's exit status)
 
+`end` exits EXIT_RESTART_IN_JOB where a failed attempt goes around again inside the allocation
+(requeue.in_job_restarts): the batch script runs `begin` and srun again, a new step, counting the
+restarts in IN_JOB_RESTART_ENV.
+
 A local run has no batch script: its rank 0 records each attempt itself (`begin_local`,
 `end_local`), and submitit's local controller starts the ranks again when one exits with
 LOCAL_REQUEUE_STATUS.
@@ -23,7 +27,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from slurmddp.cluster import slurm
-from slurmddp.defaults import EXIT_FINISHED, LOCAL_REQUEUE_STATUS, RequeueReason
+from slurmddp.defaults import EXIT_FINISHED, EXIT_RESTART_IN_JOB, LOCAL_REQUEUE_STATUS, RequeueReason
 from slurmddp.job import records
 from slurmddp.job.records import CANCELLED, AttemptId, Begin, End, Exclusions, Failure, Interrupt, Stop
 from slurmddp.job.requeue import (
@@ -101,7 +105,7 @@ def end(
     settings = Settings.of_run(run_dir)
     last = events[-1] if events else None
     if isinstance(last, End) and last.attempt_id == me:
-        decision = Decision(last.reason, last.step, last.requeue, last.message)
+        decision = Decision(last.reason, last.step, last.requeue, last.message, in_job=last.in_job)
     else:
         decision = decide(
             run_dir, status, env, settings, preempt_time, time_left, partition_nodes, failed_nodes
@@ -119,9 +123,12 @@ def end(
             attempt=attempt,
             status=status,
             attempt_id=me,
+            in_job=decision.in_job,
         )
         records.append_attempt(run_dir, ended)
         print(f"slurmddp: attempt ended: {decision.message}", file=sys.stderr)
+    if decision.in_job:
+        return EXIT_RESTART_IN_JOB
     if not decision.requeue:
         return 0 if decision.reason == "completed" else 1
     target = requeue_target(env)

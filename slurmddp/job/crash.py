@@ -39,7 +39,7 @@ def record(
         step=step,
         rank=dist.rank,
         error=error,
-        attempt=AttemptId(dist.job_id, dist.restart_count),
+        attempt=AttemptId.of(dist),
         time=time.time(),
         bad_hosts={host: f"rank {dist.rank}: {fault}: {error[:300]}"} if fault else {},
         exception=None if exc is None else type(exc).__name__,

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from slurmddp.cluster.hostlist import expand
+from slurmddp.defaults import IN_JOB_RESTART_ENV
 from slurmddp.errors import DistEnvError
 
 # Below Linux's default ephemeral range (32768-60999), so a derived port is not already taken by an
@@ -36,6 +37,8 @@ class DistEnv:
     restart_count: int
     device_index: int | None
     """Index into this task's CUDA_VISIBLE_DEVICES; None for a CPU rank."""
+    in_job_restart: int = 0
+    """Restarts before this attempt in the same allocation (the batch script's IN_JOB_RESTART_ENV)."""
 
     @property
     def backend(self) -> str:
@@ -116,6 +119,7 @@ def _from_slurm(env: Mapping[str, str], port: int | None) -> DistEnv:
         job_id=job_id,
         restart_count=int(env.get("SLURM_RESTART_COUNT") or 0),
         device_index=select_device(env, local_rank),
+        in_job_restart=int(env.get(IN_JOB_RESTART_ENV) or 0),
     )
 
 
@@ -185,7 +189,8 @@ def rank_env(dist: DistEnv) -> dict[str, str]:
         "ROLE_NAME": "default",
         "MASTER_ADDR": dist.master_addr,
         "MASTER_PORT": str(dist.master_port),
-        "TORCHELASTIC_RESTART_COUNT": str(dist.restart_count),
+        # 0 on the job's first attempt only, as under torchrun: requeues and in-job restarts count.
+        "TORCHELASTIC_RESTART_COUNT": str(dist.restart_count + dist.in_job_restart),
         "TORCHELASTIC_MAX_RESTARTS": "0",
         "TORCHELASTIC_RUN_ID": dist.job_id or "none",
         # False: rank 0 hosts the TCPStore itself; there is no torchrun agent holding one.

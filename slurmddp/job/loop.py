@@ -103,7 +103,7 @@ class TrainLoop:
         self.store = runtime.store
         self.every_steps = checkpoint.every_steps
         self.every_s = checkpoint.every_minutes * 60
-        self.attempt = AttemptId(runtime.dist.job_id, runtime.dist.restart_count)
+        self.attempt = AttemptId.of(runtime.dist)
         self.objects = {name: obj for name, obj in state.objects.items() if obj is not None}
         self.extra = state.extra
         """User values saved with every checkpoint and restored on resume (rank 0's are kept)."""

@@ -20,11 +20,14 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
-from slurmddp.defaults import EndReason, RequeueReason
+from slurmddp.defaults import IN_JOB_RESTART_ENV, EndReason, RequeueReason
 from slurmddp.files import read_json_object, write_json
 from slurmddp.layout import ATTEMPTS, CONFIG, EXCLUDED, FAILURE, INTERRUPT, PROGRESS, RESULT, STOP, SWEEP
+
+if TYPE_CHECKING:
+    from slurmddp.job.distenv import DistEnv
 
 CANCELLED: EndReason = "cancelled"
 """The reason `slurmddp cancel` records: final, and never requeued."""
@@ -32,25 +35,47 @@ CANCELLED: EndReason = "cancelled"
 
 @dataclass(frozen=True)
 class AttemptId:
-    """One attempt of a job: Slurm keeps the job id across requeues and counts the restarts."""
+    """One attempt of a job: Slurm keeps the job id across requeues and counts the restarts; the
+    batch script counts the restarts inside one allocation (IN_JOB_RESTART_ENV)."""
 
     job_id: str
     restart_count: int
+    in_job_restart: int = 0
+    """Restarts before this attempt in the same allocation, each a new srun step."""
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> AttemptId:
-        return cls(env.get("SLURM_JOB_ID", ""), int(env.get("SLURM_RESTART_COUNT") or 0))
+        return cls(
+            env.get("SLURM_JOB_ID", ""),
+            int(env.get("SLURM_RESTART_COUNT") or 0),
+            int(env.get(IN_JOB_RESTART_ENV) or 0),
+        )
+
+    @classmethod
+    def of(cls, dist: DistEnv) -> AttemptId:
+        """The attempt a rank belongs to."""
+        return cls(dist.job_id, dist.restart_count, dist.in_job_restart)
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> AttemptId:
-        return cls(str(data.get("job_id", "")), int(data.get("restart_count") or 0))
+        return cls(
+            str(data.get("job_id", "")),
+            int(data.get("restart_count") or 0),
+            int(data.get("in_job_restart") or 0),
+        )
 
     def to_json(self) -> dict[str, Any]:
-        return {"job_id": self.job_id, "restart_count": self.restart_count}
+        # Without the key where 0: the records of runs without in-job restarts keep their shape.
+        more = {"in_job_restart": self.in_job_restart} if self.in_job_restart else {}
+        return {"job_id": self.job_id, "restart_count": self.restart_count, **more}
 
     def wrote(self, data: Mapping[str, Any]) -> bool:
         """Whether this attempt wrote the record `data` (a record without the keys is nobody's)."""
-        return str(data.get("job_id")) == self.job_id and data.get("restart_count") == self.restart_count
+        return (
+            str(data.get("job_id")) == self.job_id
+            and data.get("restart_count") == self.restart_count
+            and int(data.get("in_job_restart") or 0) == self.in_job_restart
+        )
 
 
 def _without_none(data: Mapping[str, Any]) -> dict[str, Any]:
@@ -326,9 +351,11 @@ class End:
     """srun's exit status (a local run: its rank 0's); None where nobody saw it end."""
     attempt_id: AttemptId | None = None
     """None where written from outside the attempt (a cancel, an attempt found killed)."""
+    in_job: bool = False
+    """Went around again as a new step of the same allocation, not through the queue."""
 
     def to_json(self) -> dict[str, Any]:
-        known = {"attempt": self.attempt, "status": self.status}
+        known = {"attempt": self.attempt, "status": self.status, "in_job": self.in_job or None}
         return {
             "event": "end",
             "reason": self.reason,
@@ -385,6 +412,7 @@ def _event(data: Mapping[str, Any]) -> AttemptEvent:
             data.get("attempt"),
             data.get("status"),
             AttemptId.from_json(data) if "job_id" in data else None,
+            bool(data.get("in_job")),
         )
     return Resubmit(
         float(data.get("time") or 0.0), list(data.get("argv", [])), data.get("changed"), data.get("ranks")
@@ -433,6 +461,17 @@ def local_attempt(events: Sequence[AttemptEvent], job_id: str) -> AttemptId:
     A resubmitted run is a new job, counted from 0 again."""
     ended = [e for e in ends(current(events)) if e.attempt_id is not None and e.attempt_id.job_id == job_id]
     return AttemptId(job_id, len(ended))
+
+
+def running_attempt(events: Sequence[AttemptEvent], allocation: AttemptId) -> AttemptId:
+    """The attempt that runs now in `allocation` (the job id and restart count Slurm shows): its
+    newest begin, which counts the in-job restarts Slurm does not see."""
+    same = [
+        b.attempt_id
+        for b in begins(events)
+        if (b.attempt_id.job_id, b.attempt_id.restart_count) == (allocation.job_id, allocation.restart_count)
+    ]
+    return same[-1] if same else allocation
 
 
 def final_end(events: Sequence[AttemptEvent]) -> End | None:

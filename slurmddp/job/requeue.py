@@ -91,6 +91,8 @@ class Decision:
     message: str
     leave_out: dict[str, str] = field(default_factory=dict)
     """Hosts found bad in this attempt, with why: the requeued job runs without them."""
+    in_job: bool = False
+    """Goes around again as a new srun step of this allocation, not through the queue."""
 
 
 def decide(
@@ -145,13 +147,25 @@ def decide(
                 return Decision(reason, step, False, f"crashed at step {step} twice in a row: not retrying")
     else:
         step = stop.step if stop else None
+    where = f" at step {step}" if step is not None else ""
+    restarts = settings.requeue.in_job_restarts
+    if reason == "failure" and not leave_out and me.in_job_restart < restarts:
+        # The allocation itself is sound (no node to leave out, no preemption or time limit): a
+        # new srun step costs seconds, the queue minutes or hours.
+        n = me.in_job_restart + 1
+        return Decision(
+            reason,
+            step,
+            True,
+            f"{reason}{where}{why}; restart {n} of {restarts} in this allocation",
+            in_job=True,
+        )
     allowed = settings.budget(reason)
-    used = sum(1 for r in history if r.reason == reason) + 1
+    used = sum(1 for r in history if r.reason == reason and not r.in_job) + 1
     if allowed >= 0 and used > allowed:
         return Decision(
             reason, step, False, f"{reason} budget spent ({used - 1} requeues of {allowed} allowed){why}"
         )
-    where = f" at step {step}" if step is not None else ""
     return Decision(
         reason,
         step,

@@ -72,7 +72,7 @@ def _local_attempt(spec: RankSpec, dist: DistEnv) -> Any:
     around srun; the end before this rank exits, so that the controller's next start (which
     waits for every rank to exit) counts it."""
     run_dir = Path(spec.run_dir)
-    me = AttemptId(dist.job_id, dist.restart_count)
+    me = AttemptId.of(dist)
     attempts.begin_local(run_dir, me, socket.gethostname(), time.time())
     try:
         outcome = _run_entrypoint(spec, dist)
@@ -298,6 +298,6 @@ def write_result(
             "started_at": started_at,
             "train_seconds": round(time.time() - started_at, 3),
             "telemetry": telemetry,
-            **AttemptId(dist.job_id, dist.restart_count).to_json(),
+            **AttemptId.of(dist).to_json(),
         },
     )

@@ -70,7 +70,7 @@ def run_script(spec: RankSpec, dist: DistEnv) -> int:
                 step=None,
                 signal=signals.name(stop),
                 signal_at=signals.received_at(),
-                attempt=AttemptId(dist.job_id, dist.restart_count),
+                attempt=AttemptId.of(dist),
                 time=time.time(),
                 script_status=code,
             ).write(Path(spec.run_dir))
@@ -122,7 +122,7 @@ def _wait_for_script(child: subprocess.Popen[bytes], dist: DistEnv, run_dir: Pat
                 shown_at = time.monotonic()
                 step = scriptrun.read_steps(steps)
                 if step is not None:
-                    Progress(step, AttemptId(dist.job_id, dist.restart_count), time.time()).write(run_dir)
+                    Progress(step, AttemptId.of(dist), time.time()).write(run_dir)
 
 
 def _after(step: int | None) -> str:

@@ -72,7 +72,8 @@ class Watchdog:
         timeout_s: int | None,
         exit: Callable[[int], None] = os._exit,
     ) -> None:
-        self._dir = run_dir / HANGS / f"{dist.job_id or 'local'}.{dist.restart_count}"
+        in_job = f".{dist.in_job_restart}" if dist.in_job_restart else ""
+        self._dir = run_dir / HANGS / f"{dist.job_id or 'local'}.{dist.restart_count}{in_job}"
         self._run_dir = run_dir
         self._dist = dist
         self._fixed = float(timeout_s) if timeout_s else None
@@ -146,7 +147,7 @@ class Watchdog:
                 step=self._step,
                 rank=rank,
                 error=f"hang: {cause}",
-                attempt=AttemptId(self._dist.job_id, self._dist.restart_count),
+                attempt=AttemptId.of(self._dist),
                 time=time.time(),
                 bad_hosts={host: cause for host in culprits if host != "?"},
                 cause=cause,

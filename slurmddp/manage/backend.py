@@ -243,7 +243,10 @@ class SlurmBackend:
         # An array task's own job id is what its ranks see as SLURM_JOB_ID.
         if "JobId" not in fields or not fields.get("Restarts", "").isdigit():
             raise SlurmddpError(f"scontrol show job {job_id} names no JobId and Restarts; has it just ended?")
-        Interrupt(reason, AttemptId(fields["JobId"], int(fields["Restarts"]))).write(run_dir)
+        attempt = records.running_attempt(
+            records.read_attempts(run_dir), AttemptId(fields["JobId"], int(fields["Restarts"]))
+        )
+        Interrupt(reason, attempt).write(run_dir)
         slurm.signal(job_id, name)
         return f"sent SIG{name} to the ranks of job {job_id} as a {reason}"
 

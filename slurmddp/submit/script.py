@@ -9,7 +9,7 @@ from typing import Any
 import jinja2
 from submitit.slurm.slurm import _make_sbatch_string
 
-from slurmddp.defaults import EXIT_FINISHED, STOP_SIGNALS_ENV
+from slurmddp.defaults import EXIT_FINISHED, EXIT_RESTART_IN_JOB, IN_JOB_RESTART_ENV, STOP_SIGNALS_ENV
 
 BOOT_MODULE = "slurmddp.job.boot"
 """What each task runs first (`python -u -m BOOT_MODULE -u -m submitit.core._submit FOLDER`)."""
@@ -32,6 +32,8 @@ def render_template(template: str, **values: Any) -> str:
     return environment.get_template(template).render(
         attempts_module=ATTEMPTS_MODULE,
         exit_finished=EXIT_FINISHED,
+        exit_restart_in_job=EXIT_RESTART_IN_JOB,
+        in_job_restart_env=IN_JOB_RESTART_ENV,
         stop_signals_env=STOP_SIGNALS_ENV,
         **values,
     )

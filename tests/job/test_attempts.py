@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from slurmddp.defaults import EXIT_FINISHED
+from slurmddp.defaults import EXIT_FINISHED, EXIT_RESTART_IN_JOB, IN_JOB_RESTART_ENV
 from slurmddp.errors import ConfigError
 from slurmddp.experiment.schema import Requeue
 from slurmddp.job import attempts, records, requeue
@@ -31,6 +31,7 @@ def attempt(
     path: Path,
     restart: int,
     *,
+    in_job: int = 0,
     stopped: bool = False,
     failure_step: int | None = None,
     status: int = 0,
@@ -39,8 +40,8 @@ def attempt(
     crashed_before_stop: bool = True,
 ) -> int:
     """One attempt: `left` is squeue's time left when it ends (the signal came 1 s earlier)."""
-    env = {**ENV, "SLURM_RESTART_COUNT": str(restart)}
-    me = AttemptId("77", restart)
+    env = {**ENV, "SLURM_RESTART_COUNT": str(restart), IN_JOB_RESTART_ENV: str(in_job)}
+    me = AttemptId("77", restart, in_job)
     assert attempts.begin(path, env, now=1000.0 + restart) == 0
     now = time.time()
     if stopped:
@@ -55,6 +56,11 @@ def attempt(
 
 def ends(path: Path) -> list[End]:
     return records.ends(records.read_attempts(path))
+
+
+def requeues_in(commands: list[list[str]]) -> list[list[str]]:
+    """The scontrol requeues among the Slurm commands run (not the accounting's queries)."""
+    return [c for c in commands if c[:2] == ["scontrol", "requeue"]]
 
 
 @pytest.fixture(autouse=True)
@@ -91,7 +97,7 @@ def test_timeout_budget(tmp_path: Path) -> None:
 
 
 def test_failure_budget_and_same_step(tmp_path: Path) -> None:
-    path = run_dir(tmp_path, max_failures=5)
+    path = run_dir(tmp_path, max_failures=5, in_job_restarts=0)
     assert attempt(path, 0, status=1, failure_step=7) == 0
     assert attempt(path, 1, status=1, failure_step=9) == 0
     assert attempt(path, 2, status=1, failure_step=9) == 1
@@ -138,7 +144,7 @@ def test_the_batch_script_does_not_record_an_attempt_twice(
     assert attempts.end(path, 0, ENV, now=2.0, preempt_time=lambda j: "2026-01-01T00:00:00") == 0
     assert attempts.end(path, 0, ENV, now=3.0, preempt_time=lambda j: None) == 0
     assert [(r.reason, r.step) for r in ends(path)] == [("preemption", 12)]
-    assert slurm_commands == [["scontrol", "requeue", "77"]] * 2
+    assert requeues_in(slurm_commands) == [["scontrol", "requeue", "77"]] * 2
 
 
 def test_a_run_whose_ranks_all_returned_is_completed_whatever_srun_says(
@@ -152,7 +158,7 @@ def test_a_run_whose_ranks_all_returned_is_completed_whatever_srun_says(
     assert ends(path)[-1].reason == "completed" and slurm_commands == []
     # A result left by an earlier attempt does not count.
     (tmp_path / "later").mkdir()
-    later = run_dir(tmp_path / "later")
+    later = run_dir(tmp_path / "later", in_job_restarts=0)
     (later / "result.json").write_text('{"job_id": "77", "restart_count": 0}')
     assert attempt(later, 1, status=140) == 0
     assert ends(later)[-1].reason == "failure"
@@ -161,7 +167,7 @@ def test_a_run_whose_ranks_all_returned_is_completed_whatever_srun_says(
 def test_a_stop_long_before_the_time_limit_without_preemption_is_a_failure(tmp_path: Path) -> None:
     """srun's --kill-on-bad-exit SIGTERMs the ranks that survive a crash: rank 0 stops and
     records it, but nothing asked the job to stop."""
-    path = run_dir(tmp_path, max_failures=5)
+    path = run_dir(tmp_path, max_failures=5, in_job_restarts=0)
     assert attempt(path, 0, stopped=True, left=500.0) == 0
     (record,) = ends(path)
     assert record.reason == "failure" and record.requeue is True
@@ -175,7 +181,7 @@ def test_a_stop_long_before_the_time_limit_without_preemption_is_a_failure(tmp_p
 
 
 def test_a_crash_recorded_before_the_stop_is_a_failure_whatever_the_time(tmp_path: Path) -> None:
-    path = run_dir(tmp_path, max_failures=5)
+    path = run_dir(tmp_path, max_failures=5, in_job_restarts=0)
     assert attempt(path, 0, stopped=True, failure_step=4, status=1, left=30.0) == 0
     assert [(r.reason, r.step) for r in ends(path)] == [("failure", 4)]
     # The same step again: the crash guard applies to crashes the other ranks were stopped after.
@@ -331,3 +337,87 @@ def test_the_policy_reads_the_runs_sections_through_the_schema(tmp_path: Path) -
     (tmp_path / "config.yaml").write_text("requeue: {max_failures: -2}\ntrackers: {mlflow: true}\n")
     with pytest.raises(ConfigError, match=r"config.yaml: requeue: requeue.max_failures: must be >= -1"):
         requeue.Settings.of_run(tmp_path)
+
+
+def test_a_failure_restarts_in_the_allocation_until_its_restarts_are_used_up(
+    tmp_path: Path, slurm_commands: list[list[str]]
+) -> None:
+    path = run_dir(tmp_path, max_failures=1, in_job_restarts=2)
+    # (requeue, in-job restart, crash step) -> batch script status, scontrol calls so far
+    expected = [
+        ((0, 0, 7), EXIT_RESTART_IN_JOB, 0),
+        ((0, 1, 9), EXIT_RESTART_IN_JOB, 0),
+        ((0, 2, 11), 0, 1),  # the allocation's restarts used up: the queue
+        ((1, 0, 13), EXIT_RESTART_IN_JOB, 1),  # a new allocation restarts in it again
+        ((1, 1, 15), EXIT_RESTART_IN_JOB, 1),
+        ((1, 2, 17), 1, 1),  # and the requeue budget is spent
+    ]
+    for (restart, in_job, step), status, requeues in expected:
+        assert attempt(path, restart, in_job=in_job, status=1, failure_step=step) == status, (restart, in_job)
+        assert len(requeues_in(slurm_commands)) == requeues
+    assert [r.in_job for r in ends(path)] == [True, True, False, True, True, False]
+    assert "restart 2 of 2 in this allocation" in ends(path)[1].message
+    assert "failure budget spent (1 requeues of 1 allowed)" in ends(path)[-1].message
+    assert requeues_in(slurm_commands) == [["scontrol", "requeue", "77"]]
+    begun = [b.attempt_id for b in records.begins(records.read_attempts(path))]
+    assert [(a.restart_count, a.in_job_restart) for a in begun] == [
+        (0, 0),
+        (0, 1),
+        (0, 2),
+        (1, 0),
+        (1, 1),
+        (1, 2),
+    ]
+
+
+def test_a_crash_at_the_same_step_stops_across_in_job_restarts(tmp_path: Path) -> None:
+    path = run_dir(tmp_path)
+    assert attempt(path, 0, in_job=0, status=1, failure_step=7) == EXIT_RESTART_IN_JOB
+    assert attempt(path, 0, in_job=1, status=1, failure_step=7) == 1
+    assert "step 7 twice" in ends(path)[-1].message
+
+
+def test_preemption_and_time_limit_leave_the_allocation(
+    tmp_path: Path, slurm_commands: list[list[str]]
+) -> None:
+    path = run_dir(tmp_path)
+    assert attempt(path, 0, stopped=True, preempt="2026-11-22T01:00:00") == 0
+    assert attempt(path, 1, stopped=True, left=30.0) == 0
+    assert [(r.reason, r.in_job) for r in ends(path)] == [("preemption", False), ("timeout", False)]
+    assert requeues_in(slurm_commands) == [["scontrol", "requeue", "77"]] * 2
+
+
+def test_a_failure_that_leaves_a_node_out_goes_through_the_queue(
+    tmp_path: Path, slurm_commands: list[list[str]]
+) -> None:
+    path = run_dir(tmp_path)
+    env = {**ENV, "SLURM_JOB_PARTITION": "debug", "SLURM_JOB_NUM_NODES": "2"}
+    attempts.begin(path, env, now=1.0)
+    Failure(5, 1, "preflight failed", AttemptId("77", 0), time.time(), bad_hosts={"node2": "slow"}).write(
+        path
+    )
+    status = attempts.end(
+        path,
+        1,
+        env,
+        now=2.0,
+        preempt_time=lambda j: None,
+        partition_nodes=lambda p: 3,
+        failed_nodes=lambda n, t: {},
+    )
+    assert status == 0 and ends(path)[-1].in_job is False
+    assert ["scontrol", "update", "JobId=77", "ExcNodeList=node2"] in slurm_commands
+
+
+def test_the_records_of_one_in_job_restart_are_not_the_next_ones(tmp_path: Path) -> None:
+    path = run_dir(tmp_path)
+    assert attempt(path, 0, in_job=0, stopped=True, status=1, failure_step=4) == EXIT_RESTART_IN_JOB
+    # The next step of the allocation ends well: the stop and the failure of the one before are stale.
+    assert attempt(path, 0, in_job=1) == 0
+    assert [r.reason for r in ends(path)] == ["failure", "completed"]
+
+
+def test_zero_in_job_restarts_requeues_every_crash(tmp_path: Path, slurm_commands: list[list[str]]) -> None:
+    path = run_dir(tmp_path, in_job_restarts=0)
+    assert attempt(path, 0, status=1, failure_step=3) == 0
+    assert ends(path)[-1].in_job is False and requeues_in(slurm_commands) == [["scontrol", "requeue", "77"]]

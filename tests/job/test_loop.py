@@ -30,7 +30,7 @@ TWO_RANK_DDP = SimpleNamespace(
     static_graph=False, find_unused_parameters=False, process_group=SimpleNamespace(size=lambda: 2)
 )
 # What the loop reads of a DistEnv.
-ONE_RANK = SimpleNamespace(rank=0, job_id="1", restart_count=0)
+ONE_RANK = SimpleNamespace(rank=0, job_id="1", restart_count=0, in_job_restart=0)
 
 
 def make_loop(

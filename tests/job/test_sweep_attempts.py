@@ -40,7 +40,7 @@ def test_a_cancelled_run_is_neither_requeued_nor_started_again(
 def test_a_resubmitted_run_starts_again_with_fresh_budgets(
     tmp_path: Path, slurm_commands: list[list[str]]
 ) -> None:
-    run = element(tmp_path, max_failures=1)
+    run = element(tmp_path, max_failures=1, in_job_restarts=0)
     for restart in range(2):
         env = {**ENV, "SLURM_RESTART_COUNT": str(restart)}
         assert attempts.begin(run, env, now=10.0 * restart) == 0

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
+from slurmddp.defaults import IN_JOB_RESTART_ENV
 from slurmddp.errors import CheckpointError
 from slurmddp.experiment.schema import Checkpoint
 from slurmddp.files import fsync_dir, write_atomic, write_json
@@ -66,8 +67,12 @@ def default_attempt_id(env: Mapping[str, str]) -> str | None:
     """An id that all ranks of one attempt derive alike and that no other attempt has, or None."""
     job = env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID")
     if job:
-        # SLURM_RESTART_COUNT is absent on the first run and counts requeues after it.
-        return f"slurm-{job}.{env.get('SLURM_RESTART_COUNT') or 0}"
+        # SLURM_RESTART_COUNT is absent on the first run and counts requeues after it; the batch
+        # script counts the restarts inside one allocation.
+        in_job = env.get(IN_JOB_RESTART_ENV)
+        return f"slurm-{job}.{env.get('SLURM_RESTART_COUNT') or 0}" + (
+            f".{in_job}" if in_job and in_job != "0" else ""
+        )
     local = env.get("SUBMITIT_LOCAL_JOB_ID")
     if local:
         return f"local-{local}"
