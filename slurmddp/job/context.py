@@ -81,8 +81,9 @@ class RunContext:
 
     @property
     def restart_count(self) -> int:
-        """How many times Slurm has requeued this job before this attempt."""
-        return self.dist.restart_count
+        """0 on the job's first attempt only: Slurm's requeues of this job so far, plus the restarts
+        inside the current allocation (requeue.in_job_restarts)."""
+        return self.dist.restart_count + self.dist.in_job_restart
 
     @property
     def is_main(self) -> bool:

@@ -19,13 +19,14 @@ from slurmddp.cluster import hostlist
 pytestmark = [pytest.mark.slurm, pytest.mark.lab_generation("22.05")]
 
 # Rank 1 aborts (SIGABRT, no Python exception, nothing recorded by it) after 3 all-reduces, on the
-# first attempt only; the second attempt runs to the end.
+# first attempt only (torchrun's restart count, which counts the restarts inside the allocation
+# too); the second attempt runs to the end.
 CRASH_ONCE = """
 import os, time
 import torch, torch.distributed as dist
 
 dist.init_process_group("gloo")
-first = os.environ["SLURM_RESTART_COUNT"] == "0"
+first = os.environ["TORCHELASTIC_RESTART_COUNT"] == "0"
 for step in range(6):
     dist.all_reduce(torch.ones(1))
     if first and dist.get_rank() == 1 and step == 3:
@@ -88,16 +89,17 @@ def test_a_script_rank_that_aborts_is_a_failure_not_a_time_limit(
     slurm_env: dict[str, str], tmp_path: Path
 ) -> None:
     """srun's --kill-on-bad-exit SIGTERMs rank 0 after rank 1 aborted; that is no stop request.
-    (Before: `timeout; requeue 1 (budget 20)`.)"""
+    (Before: `timeout; requeue 1 (budget 20)`.) The script starts again inside the allocation."""
     (tmp_path / "crash_once.py").write_text(CRASH_ONCE)
     exp = experiment(tmp_path, "crash_once.py", nodes=2, tasks=1)
     out = tmp_path / "runs"
     proc = slurmddp(slurm_env, tmp_path, "submit", str(exp), f"output_dir={out}", "--wait")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     first, second = ends(only_run(out))
-    assert (first["reason"], first["requeue"]) == ("failure", True), first
-    assert "requeue 1 (budget 3)" in first["message"]
+    assert (first["reason"], first["requeue"], first.get("in_job")) == ("failure", True, True), first
+    assert "restart 1 of 3 in this allocation" in first["message"]
     assert second["reason"] == "completed"
+    assert second["in_job_restart"] == 1 and second["restart_count"] == 0, second
 
 
 def test_a_function_rank_that_aborts_at_the_same_step_twice_stops_the_job(

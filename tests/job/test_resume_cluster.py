@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -148,19 +149,63 @@ def test_time_limit_requeues_and_resumes_bit_exact(
     assert_no_step_lost(run)
 
 
-def test_killed_rank_fails_fast_and_is_retried(
+def test_a_killed_rank_restarts_inside_the_allocation_then_through_the_queue(
     slurm_env: dict[str, str], tmp_path: Path, reference: str
 ) -> None:
-    run = submit(slurm_env, tmp_path / "runs", *COMMON, "checkpoint.every_steps=150", "dist.timeout_s=60")
-    wait_until("step 400", lambda: progress_step(run) >= 400)
-    killed_at = time.time()
-    os.kill(rank_pid(run, 3), signal.SIGKILL)
-    wait_until("the failed attempt to end", lambda: len(ends(run)) >= 1, timeout=120)
-    first = ends(run)[0]
-    assert first["reason"] == "failure" and first["requeue"] is True
-    assert first["time"] - killed_at < 30, "the surviving ranks hung"
-    assert wait_for_job(job_id(run), slurm_env, timeout=300) == "COMPLETED"
+    """requeue.in_job_restarts=1: the first kill is recovered by a new srun step of the same
+    allocation, the second (the restart used up) through the queue; kills at moments chosen anew
+    each run."""
+    run = submit(
+        slurm_env, tmp_path / "runs", *COMMON, "checkpoint.every_steps=150", "requeue.in_job_restarts=1"
+    )
+    job = job_id(run)
+    chooser = random.Random()
+    first_at, second_at = chooser.randrange(200, 450), chooser.randrange(550, 800)
+    print(f"killing rank 3 at steps {first_at} and {second_at}")
+    for n, at in enumerate((first_at, second_at)):
+        # The attempt that is the n-th since the start, and far enough.
+        wait_until(
+            f"step {at}", lambda n=n, at=at: len(ends(run)) == n and progress_step(run) >= at, timeout=300
+        )
+        killed_at = time.time()
+        os.kill(rank_pid(run, 3), signal.SIGKILL)
+        wait_until("the failed attempt to end", lambda n=n: len(ends(run)) > n, timeout=120)
+        ended = ends(run)[n]
+        assert ended["reason"] == "failure" and ended["requeue"] is True, ended
+        assert ended["time"] - killed_at < 30, "the surviving ranks hung"
+    assert wait_for_job(job, slurm_env, timeout=300) == "COMPLETED"
+    first, second, last = ends(run)
+    assert first.get("in_job") is True and "restart 1 of 1 in this allocation" in first["message"], first
+    assert not second.get("in_job") and "requeue 1 (budget 3)" in second["message"], second
+    assert last["reason"] == "completed"
+    began = [(r["restart_count"], r.get("in_job_restart", 0)) for r in attempts(run) if r["event"] == "begin"]
+    assert began == [(0, 0), (0, 1), (1, 0)]
+    # Slurm's view: one allocation with two steps, then one requeue.
+    incarnations = sacct(slurm_env, job, "-X", "-D")
+    assert [state for _, state in incarnations] == ["REQUEUED", "COMPLETED"], incarnations
+    steps = {name for name, _ in sacct(slurm_env, job, "-D")}
+    assert {f"{job}.0", f"{job}.1"} <= steps, steps
     assert final_hash(run) == reference
+    # Each restart resumed from a checkpoint the failed attempt had saved, the newest or (a kill
+    # during a save) the one before it.
+    log = "".join(p.read_text() for p in (run / "logs").glob("*_0_log.out"))
+    resumed = [int(line.rsplit(" ", 1)[1]) for line in log.splitlines() if "resumed from" in line]
+    failed_at = [first["step"], second["step"]]
+    assert len(resumed) == 2 and all(
+        r % 150 == 0 and at - 300 < r <= at for r, at in zip(resumed, failed_at, strict=True)
+    ), (resumed, failed_at)
+
+
+def sacct(env: dict[str, str], job: str, *options: str) -> list[tuple[str, str]]:
+    """(JobID, State) of each line sacct shows for `job`."""
+    out = subprocess.run(
+        ["sacct", "-n", "-P", "-j", job, "-o", "JobID,State", *options],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    return [tuple(line.split("|", 1)) for line in out.splitlines() if line.strip()]  # type: ignore[misc]
 
 
 def test_kill_during_checkpoint_save_falls_back(slurm_env: dict[str, str], tmp_path: Path) -> None:

@@ -1,0 +1,125 @@
+"""A rank SIGKILLed mid-run: kill -> teardown -> relaunch -> first step, inside the allocation
+(requeue.in_job_restarts, default 3) and through the queue (requeue.in_job_restarts=0).
+
+On the lab cluster (SLURM_CONF set): the synthetic example, 2 nodes x 2 ranks, a checkpoint every
+100 steps, rank 3 (second node) SIGKILLed at a random step between 150 and 450; the two settings
+alternate, --rounds runs each. Per run and as medians it prints:
+
+    teardown    the kill -> the attempt's end record (srun returned; the batch script decided)
+    relaunch    the end record -> the next attempt's begin record
+    first step  that begin -> the restarted attempt's first progress record (its first step done)
+
+and whether the job went through the queue (sacct shows a REQUEUED incarnation). Every run must
+end COMPLETED.    python benchmarks/restart_latency.py [--rounds 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import signal
+import statistics
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from labjobs import ends, gone, job_id, read_json, step, submit, wait_for
+
+Row = tuple[float, float, float, bool]
+
+
+def rank_pid(run: Path, rank: int) -> int:
+    """The main process of one rank of `run` (srun and a rank's forked children left out)."""
+    logs, wanted = str(run / "logs").encode(), f"SLURM_PROCID={rank}".encode()
+    found: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        try:
+            cmdline = (entry / "cmdline").read_bytes().split(b"\0")
+            environ = (entry / "environ").read_bytes().split(b"\0")
+            parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        if any(arg.endswith(b"srun") for arg in cmdline):
+            continue
+        if b"submitit.core._submit" in cmdline and logs in cmdline and wanted in environ:
+            found[int(entry.name)] = parent
+    mains = [pid for pid, parent in found.items() if parent not in found]
+    if len(mains) != 1:
+        raise SystemExit(f"rank {rank} of {run}: found processes {found}")
+    return mains[0]
+
+
+def records(run: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (run / "attempts.jsonl").read_text().splitlines()]
+
+
+def requeued(job: str) -> bool:
+    out = subprocess.run(
+        ["sacct", "-n", "-X", "-D", "-P", "-j", job, "-o", "State"], capture_output=True, text=True
+    ).stdout
+    return "REQUEUED" in out
+
+
+def one(out: Path, in_job_restarts: int, kill_at: int) -> Row:
+    run = submit(
+        out,
+        "train.steps=1500",
+        "train.log_every=500",
+        "checkpoint.every_steps=100",
+        f"requeue.in_job_restarts={in_job_restarts}",
+    )
+    wait_for(f"step {kill_at}", lambda: step(run) >= kill_at)
+    killed = read_json(run / "progress.json")
+    killed_at = time.time()
+    os.kill(rank_pid(run, 3), signal.SIGKILL)
+    end = wait_for("the attempt to end", lambda: ends(run), timeout=300)[0]
+    begins = wait_for("the next attempt", lambda: [r for r in records(run) if r["event"] == "begin"][1:])
+    began = begins[0]
+
+    def restarted() -> dict[str, Any] | None:
+        progress = read_json(run / "progress.json")
+        same = progress is None or all(progress.get(k) == killed.get(k) for k in ("restart_count", "in_job_restart"))
+        return None if same else progress
+
+    first = wait_for("the restarted attempt's first step", restarted, timeout=300)
+    wait_for("the job to end", lambda: gone(job_id(run)), timeout=900)
+    final = ends(run)[-1]
+    if final["reason"] != "completed":
+        raise SystemExit(f"{run}: ended {final['reason']}: {final['message']}")
+    return end["time"] - killed_at, began["time"] - end["time"], first["time"] - began["time"], requeued(job_id(run))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=5)
+    args = parser.parse_args()
+    rows: dict[str, list[Row]] = {"in-job": [], "queue": []}
+    chooser = random.Random(26)
+    with tempfile.TemporaryDirectory(dir=Path.cwd()) as tmp:
+        for round_ in range(args.rounds):
+            for name, restarts in (("in-job", 3), ("queue", 0)):
+                kill_at = chooser.randrange(150, 450)
+                row = one(Path(tmp), restarts, kill_at)
+                rows[name].append(row)
+                teardown, relaunch, first, queued = row
+                print(
+                    f"round {round_ + 1} {name:6} killed at step {kill_at}: teardown {teardown:.1f} s, "
+                    f"relaunch {relaunch:.1f} s, first step {first:.1f} s, total {sum(row[:3]):.1f} s, "
+                    f"{'through the queue (REQUEUED)' if queued else 'no requeue'}",
+                    flush=True,
+                )
+    for name, values in rows.items():
+        medians = [statistics.median(v[i] for v in values) for i in range(3)]
+        total = statistics.median(sum(v[:3]) for v in values)
+        print(
+            f"{name:6} median of {len(values)}: teardown {medians[0]:.1f} s, relaunch {medians[1]:.1f} s, "
+            f"first step {medians[2]:.1f} s, kill -> first step {total:.1f} s"
+        )
+
+
+if __name__ == "__main__":
+    main()
