@@ -48,7 +48,9 @@ def progress_step(run: Path) -> int:
 
 
 def attempts(run: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in (run / "attempts.jsonl").read_text().splitlines()]
+    """The run's attempt records; none before its batch script began."""
+    path = run / "attempts.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
 def ends(run: Path) -> list[dict[str, Any]]:
@@ -107,7 +109,7 @@ def test_preempted_twice_resumes_bit_exact(slurm_env: dict[str, str], tmp_path: 
     for threshold in (200, 600):
         wait_until(f"step {threshold}", lambda t=threshold: progress_step(run) >= t)
         preempt(slurm_env, tmp_path)
-        count = len(ends(run)) if (run / "attempts.jsonl").exists() else 0
+        count = len(ends(run))
         wait_until("the preempted attempt to end", lambda c=count: len(ends(run)) > c)
     assert wait_for_job(job_id(run), slurm_env, timeout=300) == "COMPLETED"
     records = ends(run)
