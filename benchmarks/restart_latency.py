@@ -82,7 +82,9 @@ def one(out: Path, in_job_restarts: int, kill_at: int) -> Row:
 
     def restarted() -> dict[str, Any] | None:
         progress = read_json(run / "progress.json")
-        same = progress is None or all(progress.get(k) == killed.get(k) for k in ("restart_count", "in_job_restart"))
+        same = progress is None or all(
+            progress.get(k) == killed.get(k) for k in ("restart_count", "in_job_restart")
+        )
         return None if same else progress
 
     first = wait_for("the restarted attempt's first step", restarted, timeout=300)
@@ -90,7 +92,12 @@ def one(out: Path, in_job_restarts: int, kill_at: int) -> Row:
     final = ends(run)[-1]
     if final["reason"] != "completed":
         raise SystemExit(f"{run}: ended {final['reason']}: {final['message']}")
-    return end["time"] - killed_at, began["time"] - end["time"], first["time"] - began["time"], requeued(job_id(run))
+    return (
+        end["time"] - killed_at,
+        began["time"] - end["time"],
+        first["time"] - began["time"],
+        requeued(job_id(run)),
+    )
 
 
 def main() -> None:

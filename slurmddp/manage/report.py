@@ -85,9 +85,11 @@ def status_table(target: runs.Target, rows: list[runs.Row], metric: str | None) 
 
 
 def _ended(end: runs.AttemptEnd) -> str:
-    """ "1 preemption at step 13": an attempt and how it ended."""
+    """ "1 preemption at step 13", "2 failure at step 40, restarted in its allocation": an attempt
+    and how it ended."""
     where = f" at step {end.step}" if end.step is not None and end.reason != "completed" else ""
-    return f"{end.attempt} {end.reason}{where}"
+    restarted = ", restarted in its allocation" if end.in_job else ""
+    return f"{end.attempt} {end.reason}{where}{restarted}"
 
 
 def status_json(target: runs.Target, rows: list[runs.Row]) -> dict[str, Any]:

@@ -221,6 +221,8 @@ class AttemptEnd:
     step: int | None
     requeue: bool
     message: str
+    in_job: bool = False
+    """Restarted as a new step of the same allocation, not through the queue."""
 
 
 def attempt_ends(records: list[AttemptEvent]) -> list[AttemptEnd]:
@@ -231,7 +233,9 @@ def attempt_ends(records: list[AttemptEvent]) -> list[AttemptEnd]:
         if isinstance(record, Begin):
             begun += 1
         elif isinstance(record, End):
-            out.append(AttemptEnd(begun, record.reason, record.step, record.requeue, record.message))
+            out.append(
+                AttemptEnd(begun, record.reason, record.step, record.requeue, record.message, record.in_job)
+            )
     return out
 
 

@@ -219,3 +219,19 @@ def test_status_says_how_each_attempt_ended(run: Path) -> None:
     text = report.status_table(target, [row], None)
     assert "\nrun: attempts: 1 preemption at step 3; 2 completed" in text, text
     assert report.status_json(target, [row])["elements"][0]["ended"][0]["reason"] == "preemption"
+
+
+def test_status_says_which_attempts_restarted_in_their_allocation(run: Path) -> None:
+    first, second = AttemptId(JOB, 0), AttemptId(JOB, 0, 1)
+    failed = "failure at step 40; restart 1 of 3 in this allocation"
+    records.append_attempt(
+        run, End("failure", 40, time.time(), True, False, failed, 0, 1, first, in_job=True)
+    )
+    records.append_attempt(run, Begin(1, time.time(), "laptop", "laptop", second))
+    records.append_attempt(run, End("completed", 90, time.time(), False, True, "completed", 1, 0, second))
+    target = runs.load(run)
+    [row] = runs.rows(target)
+    assert row.attempts == 2
+    text = report.status_table(target, [row], None)
+    assert "\nrun: attempts: 1 failure at step 40, restarted in its allocation; 2 completed" in text, text
+    assert report.status_json(target, [row])["elements"][0]["ended"][0]["in_job"] is True
