@@ -261,7 +261,8 @@ def failed_nodes(nodes: Sequence[str], since: float) -> dict[str, str]:
 
 
 def _failed(state: str) -> bool:
-    return state.upper().startswith(("DOWN", "FAIL"))
+    # A drained node finishes its jobs, but an admin took it out of service: no new step goes there.
+    return state.upper().startswith(("DOWN", "FAIL", "DRAIN"))
 
 
 def parse_node_events(text: str, since: str) -> dict[str, str]:

@@ -114,6 +114,10 @@ class Resources:
 
     nodes: int = 1
     """Number of nodes."""
+    spare_nodes: int = 0
+    """Nodes allocated beyond `nodes` that train only when a node fails: a restart whose cause is a
+    node (Slurm marks it down or drained, the preflight, a GPU fault or a hang names it) runs on a
+    spare inside the allocation instead of going back to the queue. They count in GPU-hours."""
     gpus_per_node: int = 0
     """GPUs per node; the job then runs this many ranks per node. 0 means a CPU job."""
     tasks_per_node: int | None = None
@@ -145,6 +149,7 @@ class Resources:
 
     def __post_init__(self) -> None:
         _at_least("resources.nodes", self.nodes, 1)
+        _at_least("resources.spare_nodes", self.spare_nodes, 0)
         _at_least("resources.gpus_per_node", self.gpus_per_node, 0)
         _at_least("resources.tasks_per_node", self.tasks_per_node, 1)
         _at_least("resources.cpus_per_task", self.cpus_per_task, 1)
@@ -175,6 +180,11 @@ class Resources:
     @property
     def world_size(self) -> int:
         return self.nodes * self.ranks_per_node
+
+    @property
+    def allocated_nodes(self) -> int:
+        """The nodes the job asks Slurm for: the training nodes and the spares."""
+        return self.nodes + self.spare_nodes
 
 
 @dataclass(kw_only=True)

@@ -20,6 +20,7 @@ allocation, and this log is what `status` and the budgets read. The policy is jo
 from __future__ import annotations
 
 import os
+import shlex
 import socket
 import sys
 import time
@@ -28,6 +29,7 @@ from pathlib import Path
 
 from slurmddp.cluster import slurm
 from slurmddp.defaults import EXIT_FINISHED, EXIT_RESTART_IN_JOB, LOCAL_REQUEUE_STATUS, RequeueReason
+from slurmddp.files import write_atomic
 from slurmddp.job import records
 from slurmddp.job.records import CANCELLED, AttemptId, Begin, End, Exclusions, Failure, Interrupt, Stop
 from slurmddp.job.requeue import (
@@ -41,7 +43,9 @@ from slurmddp.job.requeue import (
     leave_out_failed_nodes,
     progress_step,
     requeue_target,
+    step_hosts,
 )
+from slurmddp.layout import STEP_HOSTS
 
 
 def begin(
@@ -74,11 +78,35 @@ def begin(
         )
         records.append_attempt(run_dir, killed)
     leave_out_failed_nodes(run_dir, env, now, failed_nodes, partition_nodes)
-    records.append_attempt(
-        run_dir,
-        Begin(started, now, socket.gethostname(), env.get("SLURM_JOB_NODELIST", ""), AttemptId.from_env(env)),
-    )
+    me = AttemptId.from_env(env)
+    settings = Settings.of_run(run_dir)
+    nodes = env.get("SLURM_JOB_NODELIST", "")
+    if settings.resources.spare_nodes:
+        hosts = step_hosts(env, settings, set(Exclusions.read(run_dir).hosts) | settings.user_excluded())
+        if hosts is None:
+            print(f"slurmddp: too few good nodes left in allocation {nodes} to train on", file=sys.stderr)
+            return 1
+        nodes = ",".join(hosts)
+        # The batch script evaluates this: srun then starts the step on these hosts only.
+        print(place_step(run_dir, me, hosts, settings.resources.ranks_per_node))
+    records.append_attempt(run_dir, Begin(started, now, socket.gethostname(), nodes, me))
     return 0
+
+
+def place_step(run_dir: Path, attempt: AttemptId, hosts: list[str], per_node: int) -> str:
+    """Shell exports that make the batch script's srun run `per_node` tasks on each of `hosts`:
+    a host file (srun reads SLURM_HOSTFILE as its --nodelist, one line a task) and the counts."""
+    path = run_dir / STEP_HOSTS / f"{attempt.job_id}.{attempt.restart_count}.{attempt.in_job_restart}"
+    write_atomic(path, "".join(f"{host}\n" * per_node for host in hosts))
+    counts = {
+        "SLURM_HOSTFILE": str(path),
+        "SLURM_NNODES": str(len(hosts)),
+        "SLURM_NTASKS": str(len(hosts) * per_node),
+        # What srun checks --ntasks-per-node against ("can't honor --ntasks-per-node" otherwise);
+        # the requeue policy reads the allocation's size from the config, not from here.
+        "SLURM_JOB_NUM_NODES": str(len(hosts)),
+    }
+    return "export " + " ".join(f"{name}={shlex.quote(value)}" for name, value in counts.items())
 
 
 def end(

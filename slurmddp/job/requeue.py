@@ -134,11 +134,19 @@ def decide(
             found = {**found, **down}
         if found:
             # Another node next time: neither a broken node's failure nor the same step is final.
-            refused = cannot_leave_out(found, known, env, settings, partition_nodes)
-            if refused:
-                return Decision(reason, step, False, f"{failure and failure.error}: {refused}")
             leave_out = found
             why += f"; leaving out {', '.join(sorted(found))}"
+            previous = began[-1].nodes if began else ""
+            spares = spare_hosts(env, settings, known | set(found), previous)
+            if spares is None or me.in_job_restart >= settings.requeue.in_job_restarts:
+                refused = cannot_leave_out(found, known, env, settings, partition_nodes)
+                if refused:
+                    return Decision(reason, step, False, f"{failure and failure.error}: {refused}")
+            else:
+                on = f"{', '.join(spares)} instead" if spares else "the nodes left"
+                restart = f"restart {me.in_job_restart + 1} of {settings.requeue.in_job_restarts}"
+                message = f"{reason} at step {step}{why}; {restart} in this allocation on {on}"
+                return Decision(reason, step, True, message, leave_out, in_job=True)
         elif failure and failure.retry is False:
             return Decision(reason, step, False, f"{failure.error}: not retrying")
         else:
@@ -192,7 +200,8 @@ def cannot_leave_out(
         )
     partition = env.get("SLURM_JOB_PARTITION", "")
     total = partition_nodes(partition) if partition else None
-    needed = int(env.get("SLURM_JOB_NUM_NODES") or 1)
+    # The config, not SLURM_JOB_NUM_NODES: the batch script gives srun the training nodes' count.
+    needed = settings.resources.allocated_nodes
     left = None if total is None else total - len(known) - len(found)
     if left is None or left >= needed:
         return None
@@ -200,6 +209,27 @@ def cannot_leave_out(
         f"leaving out {', '.join(sorted(found))} as well as {len(known)} node(s) already would leave "
         f"{left} of partition {partition}'s {total} nodes for a job of {needed}: not retrying"
     )
+
+
+def step_hosts(env: Mapping[str, str], settings: Settings, bad: set[str]) -> list[str] | None:
+    """The allocation's nodes an attempt trains on: the first resources.nodes of those not in
+    `bad`; None where too few are left."""
+    allocation = hostlist.expand(env["SLURM_JOB_NODELIST"]) if env.get("SLURM_JOB_NODELIST") else []
+    usable = [host for host in allocation if host not in bad]
+    needed = settings.resources.nodes
+    return usable[:needed] if len(usable) >= needed else None
+
+
+def spare_hosts(env: Mapping[str, str], settings: Settings, bad: set[str], previous: str) -> list[str] | None:
+    """The spares the next step trains on in place of the `bad` nodes of the `previous` step (a
+    host list), or None where the run has no spare nodes or the allocation too few good ones."""
+    if not settings.resources.spare_nodes:
+        return None
+    after = step_hosts(env, settings, bad)
+    if after is None:
+        return None
+    before = set(hostlist.expand(previous)) if previous else set()
+    return [host for host in after if host not in before]
 
 
 def leave_out_failed_nodes(

@@ -205,8 +205,10 @@ def diagnose(
 
 
 def hosts(dist: DistEnv, env: Mapping[str, str]) -> list[str]:
-    """The host of every rank: Slurm places ranks in blocks of local_world_size per node."""
-    nodes = hostlist.expand(env["SLURM_JOB_NODELIST"]) if env.get("SLURM_JOB_NODELIST") else []
+    """The host of every rank: Slurm places ranks in blocks of local_world_size per node, on the
+    step's nodes (with spare nodes, not all of the job's)."""
+    listed = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST")
+    nodes = hostlist.expand(listed) if listed else []
     if not nodes:
         return [socket.gethostname()] * dist.world_size
     return [nodes[min(r // dist.local_world_size, len(nodes) - 1)] for r in range(dist.world_size)]

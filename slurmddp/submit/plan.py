@@ -196,7 +196,7 @@ def slurm_parameters(
     submission_args = "" if submission is None else f" --submission {submission}"
     params: dict[str, Any] = {
         "job_name": exp.name,
-        "nodes": res.nodes,
+        "nodes": res.allocated_nodes,
         "ntasks_per_node": res.ranks_per_node,
         "cpus_per_task": res.cpus_per_task,
         "time": minutes_ceil(parse_time(res.time)),
@@ -207,6 +207,8 @@ def slurm_parameters(
             "setup.sh.j2",
             stop_signals=",".join(stop_signals(exp)),
             export_srun_cpus=exports_srun_cpus(slurm_version),
+            nodes=res.nodes,
+            spare_nodes=res.spare_nodes,
             python=interpreter,
             run_dir=run_dir,
             user_setup=res.setup,
@@ -233,6 +235,9 @@ def slurm_parameters(
         value = getattr(res, key)
         if value is not None:
             params[key] = value
+    if res.spare_nodes:
+        # A node that fails would otherwise end the whole job (and its spares with it).
+        params["additional_parameters"]["no-kill"] = True
     params["additional_parameters"].update(res.sbatch)
     return params
 

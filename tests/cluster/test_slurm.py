@@ -189,8 +189,10 @@ def test_node_events_name_the_nodes_that_went_down_since_the_attempt_began() -> 
         "node2|2026-11-23T05:40:00|DRAIN|admin drained it\n"
         "node4|2026-11-23T05:41:00|FAIL|\n"
     )
+    # A drained node counts too: an admin (or a health check) took it out of service.
     assert slurm.parse_node_events(text, "2026-11-23T05:30:00") == {
         "node3": "DOWN: slurmddp test",
+        "node2": "DRAIN: admin drained it",
         "node4": "FAIL",
     }
 
@@ -201,7 +203,7 @@ def test_node_states_name_the_nodes_down_now_once() -> None:
         "node1|idle|none\nnode1|idle|none\n"
         "node2|down*|Not responding\nnode2|down*|Not responding\nnode3|drained|x\n"
     )
-    assert slurm.parse_node_states(text) == {"node2": "DOWN*: Not responding"}
+    assert slurm.parse_node_states(text) == {"node2": "DOWN*: Not responding", "node3": "DRAINED: x"}
 
 
 @pytest.mark.parametrize(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 import time
 from pathlib import Path
 
@@ -16,9 +17,10 @@ from slurmddp.job.records import AttemptId, End, Exclusion, Exclusions, Failure,
 ENV = {"SLURM_JOB_ID": "77", "SLURM_RESTART_COUNT": "0", "SLURM_JOB_NODELIST": "node[1-2]"}
 
 
-def run_dir(tmp_path: Path, **budgets: int) -> Path:
+def run_dir(tmp_path: Path, resources: str = "", **budgets: int) -> Path:
     lines = "".join(f"  {key}: {value}\n" for key, value in budgets.items())
-    (tmp_path / "config.yaml").write_text(f"resources:\n  time: 00:10:00\nrequeue:\n{lines or '  {}'}\n")
+    config = f"resources:\n  time: 00:10:00\n{resources}requeue:\n{lines or '  {}'}\n"
+    (tmp_path / "config.yaml").write_text(config)
     return tmp_path
 
 
@@ -239,7 +241,7 @@ def test_leaving_out_is_capped_so_the_job_can_still_start(
     tmp_path: Path, slurm_commands: list[list[str]]
 ) -> None:
     """3 nodes in the partition, a 2-node job: one node can be left out, not two."""
-    path = run_dir(tmp_path, max_failures=5)
+    path = run_dir(tmp_path, "  nodes: 2\n", max_failures=5)
     assert bad_node_attempt(path, 0, {"node2": "hung"}) == 0
     assert bad_node_attempt(path, 1, {"node3": "hung"}) == 1
     last = ends(path)[-1]
@@ -421,3 +423,81 @@ def test_zero_in_job_restarts_requeues_every_crash(tmp_path: Path, slurm_command
     path = run_dir(tmp_path, in_job_restarts=0)
     assert attempt(path, 0, status=1, failure_step=3) == 0
     assert ends(path)[-1].in_job is False and requeues_in(slurm_commands) == [["scontrol", "requeue", "77"]]
+
+
+SPARE = "  nodes: 2\n  tasks_per_node: 2\n  spare_nodes: 1\n"
+SPARE_ENV = {
+    **ENV,
+    "SLURM_JOB_NODELIST": "node[1-3]",
+    "SLURM_JOB_PARTITION": "debug",
+    "SLURM_JOB_NUM_NODES": "3",
+}
+
+
+def begin_spare(path: Path, in_job: int, capsys: pytest.CaptureFixture[str]) -> dict[str, str]:
+    """`attempts begin` of a run with a spare node: the exports it prints for srun, parsed."""
+    env = {**SPARE_ENV, IN_JOB_RESTART_ENV: str(in_job)}
+    assert attempts.begin(path, env, now=1000.0 + in_job, failed_nodes=lambda n, t: {}) == 0
+    out = capsys.readouterr().out.strip()
+    assert out.startswith("export ")
+    return dict(word.split("=", 1) for word in shlex.split(out.removeprefix("export ")))
+
+
+def test_a_spare_node_takes_the_place_of_a_drained_one_inside_the_allocation(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], slurm_commands: list[list[str]]
+) -> None:
+    path = run_dir(tmp_path, SPARE)
+    first = begin_spare(path, 0, capsys)
+    assert Path(first["SLURM_HOSTFILE"]).read_text() == "node1\nnode1\nnode2\nnode2\n"
+    assert (first["SLURM_NNODES"], first["SLURM_NTASKS"]) == ("2", "4")
+    assert records.begins(records.read_attempts(path))[-1].nodes == "node1,node2"
+    # node2's ranks die and an admin drains it: the next step trains on node1 and the spare.
+    Failure(40, 0, "gloo: connection closed", AttemptId("77", 0), time.time()).write(path)
+    status = attempts.end(
+        path,
+        1,
+        SPARE_ENV,
+        now=1001.0,
+        preempt_time=lambda j: None,
+        partition_nodes=lambda p: 3,
+        failed_nodes=lambda nodes, since: {"node2": "DRAINED: bad cable"} if "node2" in nodes else {},
+    )
+    assert status == EXIT_RESTART_IN_JOB
+    ended = ends(path)[-1]
+    assert ended.in_job and "leaving out node2" in ended.message and "on node3 instead" in ended.message
+    assert set(Exclusions.read(path).hosts) == {"node2"}
+    second = begin_spare(path, 1, capsys)
+    assert Path(second["SLURM_HOSTFILE"]).read_text() == "node1\nnode1\nnode3\nnode3\n"
+    assert second["SLURM_HOSTFILE"] != first["SLURM_HOSTFILE"]
+    assert requeues_in(slurm_commands) == []
+
+
+def test_with_no_spare_left_a_bad_node_goes_through_the_queue(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], slurm_commands: list[list[str]]
+) -> None:
+    path = run_dir(tmp_path, SPARE)
+    Exclusions.read(path).adding({"node3": "went down before"}, 0, 1.0).write(path)
+    assert begin_spare(path, 0, capsys)["SLURM_HOSTFILE"]
+    Failure(40, 0, "preflight failed", AttemptId("77", 0), time.time(), bad_hosts={"node2": "slow"}).write(
+        path
+    )
+    status = attempts.end(
+        path,
+        1,
+        SPARE_ENV,
+        now=1001.0,
+        preempt_time=lambda j: None,
+        partition_nodes=lambda p: 8,
+        failed_nodes=lambda n, t: {},
+    )
+    assert status == 0 and not ends(path)[-1].in_job
+    assert ["scontrol", "update", "JobId=77", "ExcNodeList=node2,node3"] in slurm_commands
+
+
+def test_too_few_good_nodes_for_a_step_ends_the_attempt_with_why(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = run_dir(tmp_path, SPARE)
+    Exclusions.read(path).adding({"node1": "x", "node3": "y"}, 0, 1.0).write(path)
+    assert attempts.begin(path, SPARE_ENV, now=1.0, failed_nodes=lambda n, t: {}) == 1
+    assert "too few good nodes left in allocation node[1-3]" in capsys.readouterr().err

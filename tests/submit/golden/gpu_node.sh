@@ -8,7 +8,8 @@
 #SBATCH --gpus-per-node=8
 #SBATCH --job-name=gpu-node
 #SBATCH --mem=900GB
-#SBATCH --nodes=4
+#SBATCH --no-kill
+#SBATCH --nodes=5
 #SBATCH --ntasks-per-node=8
 #SBATCH --open-mode=append
 #SBATCH --output=RUN_DIR/logs/%j_0_log.out
@@ -28,11 +29,14 @@ export SRUN_CPUS_PER_TASK="$SLURM_CPUS_PER_TASK"
 # Slurm sends SIGTERM to the batch shell too (time limit, preemption without
 # preempt_send_user_signal); surviving it lets the attempt record below run after srun returns.
 trap 'echo "slurmddp: batch script got SIGTERM" >&2' TERM
+# slurmddp: 4 node(s) train and 1 wait as spares (resources.spare_nodes); each step's
+# nodes come from `attempts begin`, which leaves out the nodes found bad.
 export SLURMDDP_IN_JOB_RESTART=0
-PYTHON -m slurmddp.job.attempts begin RUN_DIR
+slurmddp_place=$(PYTHON -m slurmddp.job.attempts begin RUN_DIR)
 slurmddp_begin=$?
 # 3: the run already ended for good (completed or out of budget); anything else non-zero: broken.
 if [ "$slurmddp_begin" -eq 3 ]; then exit 0; elif [ "$slurmddp_begin" -ne 0 ]; then exit "$slurmddp_begin"; fi
+eval "$slurmddp_place"
 module load cuda/12.4
 # slurmddp: a failed attempt starts again as a new srun step of this allocation
 # (requeue.in_job_restarts); the loop ends in the teardown.
@@ -51,8 +55,9 @@ slurmddp_end=$?
 # 4: restart inside this allocation; anything else: how the batch script ends.
 if [ "$slurmddp_end" -ne 4 ]; then exit "$slurmddp_end"; fi
 export SLURMDDP_IN_JOB_RESTART=$((SLURMDDP_IN_JOB_RESTART + 1))
-PYTHON -m slurmddp.job.attempts begin RUN_DIR
+slurmddp_place=$(PYTHON -m slurmddp.job.attempts begin RUN_DIR)
 slurmddp_begin=$?
 # 3: the run already ended for good (completed or out of budget); anything else non-zero: broken.
 if [ "$slurmddp_begin" -eq 3 ]; then exit 0; elif [ "$slurmddp_begin" -ne 0 ]; then exit "$slurmddp_begin"; fi
+eval "$slurmddp_place"
 done

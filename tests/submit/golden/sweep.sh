@@ -24,10 +24,11 @@ export SRUN_CPUS_PER_TASK="$SLURM_CPUS_PER_TASK"
 # preempt_send_user_signal); surviving it lets the attempt record below run after srun returns.
 trap 'echo "slurmddp: batch script got SIGTERM" >&2' TERM
 export SLURMDDP_IN_JOB_RESTART=0
-PYTHON -m slurmddp.job.attempts begin RUN_DIR --submission 0
+slurmddp_place=$(PYTHON -m slurmddp.job.attempts begin RUN_DIR --submission 0)
 slurmddp_begin=$?
 # 3: the run already ended for good (completed or out of budget); anything else non-zero: broken.
 if [ "$slurmddp_begin" -eq 3 ]; then exit 0; elif [ "$slurmddp_begin" -ne 0 ]; then exit "$slurmddp_begin"; fi
+eval "$slurmddp_place"
 # slurmddp: a failed attempt starts again as a new srun step of this allocation
 # (requeue.in_job_restarts); the loop ends in the teardown.
 while :; do
@@ -45,8 +46,9 @@ slurmddp_end=$?
 # 4: restart inside this allocation; anything else: how the batch script ends.
 if [ "$slurmddp_end" -ne 4 ]; then exit "$slurmddp_end"; fi
 export SLURMDDP_IN_JOB_RESTART=$((SLURMDDP_IN_JOB_RESTART + 1))
-PYTHON -m slurmddp.job.attempts begin RUN_DIR --submission 0
+slurmddp_place=$(PYTHON -m slurmddp.job.attempts begin RUN_DIR --submission 0)
 slurmddp_begin=$?
 # 3: the run already ended for good (completed or out of budget); anything else non-zero: broken.
 if [ "$slurmddp_begin" -eq 3 ]; then exit 0; elif [ "$slurmddp_begin" -ne 0 ]; then exit "$slurmddp_begin"; fi
+eval "$slurmddp_place"
 done
