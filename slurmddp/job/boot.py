@@ -35,6 +35,14 @@ def main(argv: list[str]) -> None:
     sys.argv = [argv[1], *argv[2:]]
     try:
         runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
+    except Exception:
+        # The crash is recorded (job/crash.py) and submitit wrote its result: leave at once.
+        # Python's shutdown would collect every object torch made first, 1-5 s while srun holds
+        # the step and the restart (or the requeue) waits.
+        sys.excepthook(*sys.exc_info())
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(1)
     finally:
         # The work is done: from here a stop signal must not kill the process. Python puts every
         # signal with a Python handler back to its default action while it shuts down, and USR2's

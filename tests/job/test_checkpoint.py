@@ -24,6 +24,7 @@ import torch
 from checkpoint_damage import FullDisk, flip_a_byte
 from rich.filesize import decimal
 
+from slurmddp.defaults import IN_JOB_RESTART_ENV
 from slurmddp.errors import CheckpointError
 from slurmddp.experiment.schema import Checkpoint
 from slurmddp.job.checkpoint import (
@@ -446,6 +447,8 @@ def test_a_pending_async_save_is_finished_when_the_main_thread_ends(tmp_path: Pa
 def test_attempt_id_from_the_environment() -> None:
     assert default_attempt_id({"SLURM_JOB_ID": "42"}) == "slurm-42.0"
     assert default_attempt_id({"SLURM_JOB_ID": "42", "SLURM_RESTART_COUNT": "3"}) == "slurm-42.3"
+    in_job = {"SLURM_JOB_ID": "42", "SLURM_RESTART_COUNT": "3", IN_JOB_RESTART_ENV: "2"}
+    assert default_attempt_id(in_job) == "slurm-42.3.2"
     assert default_attempt_id({"SUBMITIT_LOCAL_JOB_ID": "999"}) == "local-999"
     assert default_attempt_id({"TORCHELASTIC_RUN_ID": "none"}) is None
     assert default_attempt_id({}) is None
