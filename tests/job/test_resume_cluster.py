@@ -16,6 +16,8 @@ from typing import Any
 import pytest
 from conftest import ROOT, SYNTHETIC, parent_pid, rank_pids, slurmddp, wait_for_job, wait_until
 
+from slurmddp.cluster import hostlist
+
 STEPS = 1000
 COMMON = [f"train.steps={STEPS}", "train.log_every=100"]
 
@@ -196,6 +198,40 @@ def test_a_killed_rank_restarts_inside_the_allocation_then_through_the_queue(
     assert len(resumed) == 2 and all(
         r % 150 == 0 and at - 300 < r <= at for r, at in zip(resumed, failed_at, strict=True)
     ), (resumed, failed_at)
+
+
+def test_a_node_lost_under_the_job_is_swapped_for_its_spare_inside_the_allocation(
+    slurm_env: dict[str, str], tmp_path: Path, reference: str
+) -> None:
+    """resources.spare_nodes=1 on 2 nodes: the second node's ranks are killed and the node drained
+    at a moment chosen anew each run; the run goes on, as a new step, on the first node and the
+    spare, with the uninterrupted run's parameters."""
+    run = submit(
+        slurm_env, tmp_path / "runs", *COMMON, "checkpoint.every_steps=150", "resources.spare_nodes=1"
+    )
+    job = job_id(run)
+    wait_until("the first attempt", lambda: bool(attempts(run)))
+    first_nodes = hostlist.expand(attempts(run)[0]["nodes"])
+    assert len(first_nodes) == 2, first_nodes
+    victim = first_nodes[1]
+    at = random.Random().randrange(200, 600)
+    print(f"killing the ranks on {victim} and draining it at step {at}")
+    wait_until(f"step {at}", lambda: progress_step(run) >= at, timeout=300)
+    scontrol = ["scontrol", "update", f"nodename={victim}"]
+    try:
+        for pid in rank_pids(run, node=1):
+            os.kill(pid, signal.SIGKILL)
+        subprocess.run([*scontrol, "state=drain", "reason=slurmddp spare test"], env=slurm_env, check=True)
+        assert wait_for_job(job, slurm_env, timeout=300) == "COMPLETED"
+    finally:
+        subprocess.run([*scontrol, "state=resume"], env=slurm_env, check=False, capture_output=True)
+    failed, completed = ends(run)
+    assert failed.get("in_job") is True and f"leaving out {victim}" in failed["message"], failed
+    assert completed["reason"] == "completed"
+    second_nodes = hostlist.expand([r for r in attempts(run) if r["event"] == "begin"][1]["nodes"])
+    assert len(second_nodes) == 2 and victim not in second_nodes and first_nodes[0] in second_nodes
+    assert [state for _, state in sacct(slurm_env, job, "-X", "-D")] == ["COMPLETED"]
+    assert final_hash(run) == reference
 
 
 def sacct(env: dict[str, str], job: str, *options: str) -> list[tuple[str, str]]:
