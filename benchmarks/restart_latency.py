@@ -1,9 +1,11 @@
 """A rank SIGKILLed mid-run: kill -> teardown -> relaunch -> first step, inside the allocation
-(requeue.in_job_restarts, default 3) and through the queue (requeue.in_job_restarts=0).
+(requeue.in_job_restarts, default 3), through the queue (requeue.in_job_restarts=0), and a node
+lost with a spare to take its place (resources.spare_nodes=1).
 
 On the lab cluster (SLURM_CONF set): the synthetic example, 2 nodes x 2 ranks, a checkpoint every
-100 steps, rank 3 (second node) SIGKILLed at a random step between 150 and 450; the two settings
-alternate, --rounds runs each. Per run and as medians it prints:
+100 steps, at a random step between 150 and 450: `in-job` and `queue` SIGKILL rank 3 (second
+node); `spare` SIGKILLs both ranks of the second node and drains it (resumed after the run). The
+three alternate, --rounds runs each. Per run and as medians it prints:
 
     teardown    the kill -> the attempt's end record (srun returned; the batch script decided)
     relaunch    the end record -> the next attempt's begin record
@@ -28,6 +30,8 @@ from pathlib import Path
 from typing import Any
 
 from labjobs import ends, gone, job_id, read_json, step, submit, wait_for
+
+from slurmddp.cluster import hostlist
 
 Row = tuple[float, float, float, bool]
 
@@ -64,18 +68,26 @@ def requeued(job: str) -> bool:
     return "REQUEUED" in out
 
 
-def one(out: Path, in_job_restarts: int, kill_at: int) -> Row:
+def one(out: Path, scenario: str, kill_at: int) -> Row:
     run = submit(
         out,
         "train.steps=1500",
         "train.log_every=500",
         "checkpoint.every_steps=100",
-        f"requeue.in_job_restarts={in_job_restarts}",
+        f"requeue.in_job_restarts={0 if scenario == 'queue' else 3}",
+        f"resources.spare_nodes={1 if scenario == 'spare' else 0}",
     )
     wait_for(f"step {kill_at}", lambda: step(run) >= kill_at)
     killed = read_json(run / "progress.json")
+    victims = [rank_pid(run, 3)] + ([rank_pid(run, 2)] if scenario == "spare" else [])
+    node = hostlist.expand(next(r for r in records(run) if r["event"] == "begin")["nodes"])[-1]
     killed_at = time.time()
-    os.kill(rank_pid(run, 3), signal.SIGKILL)
+    for pid in victims:
+        os.kill(pid, signal.SIGKILL)
+    if scenario == "spare":
+        subprocess.run(
+            ["scontrol", "update", f"nodename={node}", "state=drain", "reason=benchmark"], check=True
+        )
     end = wait_for("the attempt to end", lambda: ends(run), timeout=300)[0]
     begins = wait_for("the next attempt", lambda: [r for r in records(run) if r["event"] == "begin"][1:])
     began = begins[0]
@@ -88,6 +100,8 @@ def one(out: Path, in_job_restarts: int, kill_at: int) -> Row:
         return None if same else progress
 
     first = wait_for("the restarted attempt's first step", restarted, timeout=300)
+    if scenario == "spare":
+        subprocess.run(["scontrol", "update", f"nodename={node}", "state=resume"], check=True)
     wait_for("the job to end", lambda: gone(job_id(run)), timeout=900)
     final = ends(run)[-1]
     if final["reason"] != "completed":
@@ -103,14 +117,15 @@ def one(out: Path, in_job_restarts: int, kill_at: int) -> Row:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--scenarios", default="in-job,queue,spare")
     args = parser.parse_args()
-    rows: dict[str, list[Row]] = {"in-job": [], "queue": []}
+    rows: dict[str, list[Row]] = {name: [] for name in args.scenarios.split(",")}
     chooser = random.Random(26)
     with tempfile.TemporaryDirectory(dir=Path.cwd()) as tmp:
         for round_ in range(args.rounds):
-            for name, restarts in (("in-job", 3), ("queue", 0)):
+            for name in rows:
                 kill_at = chooser.randrange(150, 450)
-                row = one(Path(tmp), restarts, kill_at)
+                row = one(Path(tmp), name, kill_at)
                 rows[name].append(row)
                 teardown, relaunch, first, queued = row
                 print(

@@ -58,7 +58,8 @@ def run_rank(spec: RankSpec) -> Any:
     print(
         f"slurmddp: rank {dist.rank} of {dist.world_size} (node {dist.node_rank}, "
         f"local rank {dist.local_rank}) on {socket.gethostname()}, job {dist.job_id}, "
-        f"attempt {dist.restart_count + 1}",
+        f"attempt {dist.restart_count + 1}"
+        + (f", restart {dist.in_job_restart} in this allocation" if dist.in_job_restart else ""),
         file=sys.stderr,
         flush=True,
     )
