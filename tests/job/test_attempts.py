@@ -389,25 +389,30 @@ def test_preemption_and_time_limit_leave_the_allocation(
     assert requeues_in(slurm_commands) == [["scontrol", "requeue", "77"]] * 2
 
 
+def preflight_names_node2(path: Path, env: dict[str, str], partition_size: int) -> int:
+    """The end of attempt 0 after a preflight that found node2 slow; the batch script's status."""
+    Failure(5, 1, "preflight failed", AttemptId("77", 0), time.time(), bad_hosts={"node2": "slow"}).write(
+        path
+    )
+    return attempts.end(
+        path,
+        1,
+        env,
+        now=2.0,
+        preempt_time=lambda j: None,
+        partition_nodes=lambda p: partition_size,
+        failed_nodes=lambda n, t: {},
+    )
+
+
 def test_a_failure_that_leaves_a_node_out_goes_through_the_queue(
     tmp_path: Path, slurm_commands: list[list[str]]
 ) -> None:
     path = run_dir(tmp_path)
     env = {**ENV, "SLURM_JOB_PARTITION": "debug", "SLURM_JOB_NUM_NODES": "2"}
     attempts.begin(path, env, now=1.0)
-    Failure(5, 1, "preflight failed", AttemptId("77", 0), time.time(), bad_hosts={"node2": "slow"}).write(
-        path
-    )
-    status = attempts.end(
-        path,
-        1,
-        env,
-        now=2.0,
-        preempt_time=lambda j: None,
-        partition_nodes=lambda p: 3,
-        failed_nodes=lambda n, t: {},
-    )
-    assert status == 0 and ends(path)[-1].in_job is False
+    assert preflight_names_node2(path, env, partition_size=3) == 0
+    assert ends(path)[-1].in_job is False
     assert ["scontrol", "update", "JobId=77", "ExcNodeList=node2"] in slurm_commands
 
 
@@ -478,19 +483,8 @@ def test_with_no_spare_left_a_bad_node_goes_through_the_queue(
     path = run_dir(tmp_path, SPARE)
     Exclusions.read(path).adding({"node3": "went down before"}, 0, 1.0).write(path)
     assert begin_spare(path, 0, capsys)["SLURM_HOSTFILE"]
-    Failure(40, 0, "preflight failed", AttemptId("77", 0), time.time(), bad_hosts={"node2": "slow"}).write(
-        path
-    )
-    status = attempts.end(
-        path,
-        1,
-        SPARE_ENV,
-        now=1001.0,
-        preempt_time=lambda j: None,
-        partition_nodes=lambda p: 8,
-        failed_nodes=lambda n, t: {},
-    )
-    assert status == 0 and not ends(path)[-1].in_job
+    assert preflight_names_node2(path, SPARE_ENV, partition_size=8) == 0
+    assert not ends(path)[-1].in_job
     assert ["scontrol", "update", "JobId=77", "ExcNodeList=node2,node3"] in slurm_commands
 
 
