@@ -45,8 +45,9 @@ class Reason:
 
     def one_line(self, workdir: Path | None) -> str:
         """The reason as `status` shows it under the run's row."""
-        job, restart = self.attempt.job_id, self.attempt.restart_count
+        job, restart, in_job = self.attempt.job_id, self.attempt.restart_count, self.attempt.in_job_restart
         attempt = f"job {job}" + (f" restart {restart}" if restart else "")
+        attempt += f" (restart {in_job} in its allocation)" if in_job else ""
         site = self.site(workdir)
         at = f" at {site}" if site else ""
         log = f"; log {self.log}" if self.log else ""

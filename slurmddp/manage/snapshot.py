@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from slurmddp.cluster.slurm import JobState
-from slurmddp.job.records import LoopProgress, Progress
+from slurmddp.job.records import AttemptId, LoopProgress, Progress, begins, read_attempts
 from slurmddp.layout import METRICS, PERF
 from slurmddp.manage.tail import Tail
 
@@ -70,12 +70,12 @@ class StepRate:
 
     def __init__(self) -> None:
         self.value: float | None = None
-        self._last: tuple[int, int, float] | None = None
-        """(restart_count, step, time) of the latest record."""
+        self._last: tuple[AttemptId, int, float] | None = None
+        """(attempt, step, time) of the latest record."""
 
     def update(self, progress: Progress) -> float | None:
         """The speed after `progress`; reading the same record again changes nothing."""
-        record = (progress.attempt.restart_count, progress.step, progress.time)
+        record = (progress.attempt, progress.step, progress.time)
         last, self._last = self._last, record
         if last is None or record[0] != last[0] or record[1] < last[1]:
             self.value = None
@@ -164,7 +164,8 @@ class RunWatch:
             total_steps=loop.total_steps if loop is not None else None,
             epoch=_epoch(loop, record.step, step) if loop is not None else None,
             epochs=loop.epochs if loop is not None else None,
-            attempt=record.attempt.restart_count + 1,
+            # Each attempt's begin is recorded; restarts inside an allocation leave Slurm's count as is.
+            attempt=max(len(begins(read_attempts(self.run_dir))), record.attempt.restart_count + 1),
             rate=self.rate.update(record),
             metrics=metrics,
         )

@@ -19,7 +19,8 @@ from typing import cast
 
 import pytest
 
-from slurmddp.job.records import AttemptId, LoopProgress, Progress
+from slurmddp.job import records
+from slurmddp.job.records import AttemptId, Begin, LoopProgress, Progress
 from slurmddp.manage import ctrl_c, views
 from slurmddp.manage.follow import TracebackFold, follow
 from slurmddp.manage.snapshot import LatestMetrics, RunWatch, StepRate
@@ -38,6 +39,17 @@ def test_speed_is_smoothed_within_an_attempt_and_starts_over_with_the_next() -> 
     assert rate.update(Progress(44, AttemptId("5", 1), 302.0)) == pytest.approx(2.0)
     # Old runs' records lack restart_count (read as 0); a step going back is a new attempt all the same.
     assert rate.update(Progress(10, AttemptId("5", 0), 400.0)) is None
+    assert rate.update(Progress(20, AttemptId("5", 0), 401.0)) == pytest.approx(10.0)
+    # A restart inside the allocation (Slurm's count unchanged) that resumed past the last record.
+    assert rate.update(Progress(30, AttemptId("5", 0, 1), 450.0)) is None
+
+
+def test_the_attempt_shown_counts_restarts_inside_the_allocation(tmp_path: Path) -> None:
+    watch = RunWatch(tmp_path)
+    for n in range(2):
+        records.append_attempt(tmp_path, Begin(n, 100.0 + n, "node1", "node[1-2]", AttemptId("5", 0, n)))
+    Progress(30, AttemptId("5", 0, 1), 102.0).write(tmp_path)
+    assert watch.snapshot("RUNNING", 3.0).attempt == 2
 
 
 def test_latest_metrics_reads_on_from_where_it_stopped_and_through_rewrites(tmp_path: Path) -> None:
