@@ -145,7 +145,8 @@ def decide(
             else:
                 on = f"{', '.join(spares)} instead" if spares else "the nodes left"
                 restart = f"restart {me.in_job_restart + 1} of {settings.requeue.in_job_restarts}"
-                message = f"{reason} at step {step}{why}; {restart} in this allocation on {on}"
+                where = f" at step {step}" if step is not None else ""
+                message = f"{reason}{where}{why}; {restart} in this allocation on {on}"
                 return Decision(reason, step, True, message, leave_out, in_job=True)
         elif failure and failure.retry is False:
             return Decision(reason, step, False, f"{failure.error}: not retrying")
