@@ -27,7 +27,7 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
-from slurmddp.cluster import slurm
+from slurmddp.cluster import hostlist, slurm
 from slurmddp.defaults import EXIT_FINISHED, EXIT_RESTART_IN_JOB, LOCAL_REQUEUE_STATUS, RequeueReason
 from slurmddp.files import write_atomic
 from slurmddp.job import records
@@ -81,16 +81,32 @@ def begin(
     me = AttemptId.from_env(env)
     settings = Settings.of_run(run_dir)
     nodes = env.get("SLURM_JOB_NODELIST", "")
+    bad = set(Exclusions.read(run_dir).hosts) | settings.user_excluded()
     if settings.resources.spare_nodes:
-        hosts = step_hosts(env, settings, set(Exclusions.read(run_dir).hosts) | settings.user_excluded())
+        hosts = step_hosts(env, settings, bad)
         if hosts is None:
-            print(f"slurmddp: too few good nodes left in allocation {nodes} to train on", file=sys.stderr)
-            return 1
+            return _requeue_without(bad, env, f"too few good nodes left in allocation {nodes} to train on")
         nodes = ",".join(hosts)
         # The batch script evaluates this: srun then starts the step on these hosts only.
         print(place_step(run_dir, me, hosts, settings.resources.ranks_per_node))
+    elif me.in_job_restart and bad & set(hostlist.expand(nodes)):
+        # A node went down after the last attempt's end looked (Slurm's view lags a moment): a
+        # new step here would start on it.
+        return _requeue_without(bad, env, f"{', '.join(sorted(bad & set(hostlist.expand(nodes))))} went down")
     records.append_attempt(run_dir, Begin(started, now, socket.gethostname(), nodes, me))
     return 0
+
+
+def _requeue_without(bad: set[str], env: Mapping[str, str], why: str) -> int:
+    """No step can start in this allocation: back to the queue, leaving out the `bad` nodes. The
+    batch script's status: EXIT_FINISHED (it exits, and the requeued job starts it again)."""
+    target = requeue_target(env)
+    print(f"slurmddp: {why}; requeueing {target} without {', '.join(sorted(bad))}", file=sys.stderr)
+    refused = slurm.requeue_excluding(target, sorted(bad))
+    if refused is not None:
+        print(f"slurmddp: scontrol requeue {target}: {refused}", file=sys.stderr)
+        return 1
+    return EXIT_FINISHED
 
 
 def place_step(run_dir: Path, attempt: AttemptId, hosts: list[str], per_node: int) -> str:

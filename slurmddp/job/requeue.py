@@ -121,7 +121,9 @@ def decide(
         reason, why = _classify(run_dir, me, env, stop, settings, preempt_time, time_left)
     leave_out: dict[str, str] = {}
     if reason == "failure":
-        step = failure.step if failure else progress_step(run_dir)
+        # Without a crash record, the step this attempt reached: one that died before its first
+        # step (a node gone under its start) did not crash where the attempt before it did.
+        step = failure.step if failure else progress_step(run_dir, me)
         if failure and failure.cause:
             why = f" ({failure.cause})"
         known = set(Exclusions.read(run_dir).hosts) | settings.user_excluded()
@@ -325,9 +327,12 @@ def _crashed_first(failure: Failure | None, stop: Stop) -> bool:
     return not signalled or failure.time <= signalled
 
 
-def progress_step(run_dir: Path) -> int | None:
+def progress_step(run_dir: Path, attempt: AttemptId | None = None) -> int | None:
+    """The step of the newest progress record; with `attempt`, only if that attempt wrote it."""
     progress = records.Progress.read(run_dir)
-    return None if progress is None else progress.step
+    if progress is None or (attempt is not None and progress.attempt != attempt):
+        return None
+    return progress.step
 
 
 def _budget_text(allowed: int) -> str:

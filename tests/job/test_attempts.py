@@ -12,7 +12,7 @@ from slurmddp.defaults import EXIT_FINISHED, EXIT_RESTART_IN_JOB, IN_JOB_RESTART
 from slurmddp.errors import ConfigError
 from slurmddp.experiment.schema import Requeue
 from slurmddp.job import attempts, records, requeue
-from slurmddp.job.records import AttemptId, End, Exclusion, Exclusions, Failure, Interrupt, Stop
+from slurmddp.job.records import AttemptId, End, Exclusion, Exclusions, Failure, Interrupt, Progress, Stop
 
 ENV = {"SLURM_JOB_ID": "77", "SLURM_RESTART_COUNT": "0", "SLURM_JOB_NODELIST": "node[1-2]"}
 
@@ -488,10 +488,44 @@ def test_with_no_spare_left_a_bad_node_goes_through_the_queue(
     assert ["scontrol", "update", "JobId=77", "ExcNodeList=node2,node3"] in slurm_commands
 
 
-def test_too_few_good_nodes_for_a_step_ends_the_attempt_with_why(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+def test_too_few_good_nodes_for_a_step_sends_the_job_back_to_the_queue_without_them(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], slurm_commands: list[list[str]]
 ) -> None:
     path = run_dir(tmp_path, SPARE)
     Exclusions.read(path).adding({"node1": "x", "node3": "y"}, 0, 1.0).write(path)
-    assert attempts.begin(path, SPARE_ENV, now=1.0, failed_nodes=lambda n, t: {}) == 1
+    assert attempts.begin(path, SPARE_ENV, now=1.0, failed_nodes=lambda n, t: {}) == EXIT_FINISHED
     assert "too few good nodes left in allocation node[1-3]" in capsys.readouterr().err
+    assert ["scontrol", "update", "JobId=77", "ExcNodeList=node1,node3"] in slurm_commands
+    assert records.begins(records.read_attempts(path)) == []
+
+
+def test_a_node_found_down_only_at_the_restarts_begin_sends_the_job_back_to_the_queue(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], slurm_commands: list[list[str]]
+) -> None:
+    """The end of the attempt saw no node down (Slurm's view lagged) and chose a restart in the
+    allocation; its begin finds node2 down: a step there would start on it."""
+    path = run_dir(tmp_path, "  nodes: 2\n")
+    env = {**ENV, "SLURM_JOB_PARTITION": "debug"}
+    assert attempts.begin(path, env, now=1000.0) == 0
+    Progress(8, AttemptId("77", 0), time.time()).write(path)
+    assert (
+        attempts.end(path, 1, env, now=1001.0, preempt_time=lambda j: None, failed_nodes=lambda n, t: {}) == 4
+    )
+    down = {"node2": "DOWN: slurmddp test"}
+    again = {**env, IN_JOB_RESTART_ENV: "1"}
+    status = attempts.begin(
+        path, again, now=1002.0, failed_nodes=lambda n, t: down, partition_nodes=lambda p: 3
+    )
+    assert status == EXIT_FINISHED
+    assert "node2 went down; requeueing 77 without node2" in capsys.readouterr().err
+    assert ["scontrol", "update", "JobId=77", "ExcNodeList=node2"] in slurm_commands
+    assert len(records.begins(records.read_attempts(path))) == 1
+
+
+def test_an_attempt_that_died_before_its_first_step_did_not_crash_at_the_step_before(tmp_path: Path) -> None:
+    path = run_dir(tmp_path)
+    assert attempt(path, 0, status=1, failure_step=8) == EXIT_RESTART_IN_JOB
+    # The next one dies without a crash record or a step of its own: progress.json is the last one's.
+    Progress(8, AttemptId("77", 0), time.time()).write(path)
+    assert attempt(path, 0, in_job=1, status=1) == EXIT_RESTART_IN_JOB
+    assert "twice" not in ends(path)[-1].message

@@ -271,7 +271,8 @@ def test_cancel_one_element_and_resubmit_exactly_the_failed_one(
         "    return {'done': True}\n"
     )
     (work / "three.yaml").write_text(
-        "entrypoint: steps.py:main\nresources: {tasks_per_node: 1}\nrequeue: {max_failures: 0}\n"
+        "entrypoint: steps.py:main\nresources: {tasks_per_node: 1}\n"
+        "requeue: {max_failures: 0, in_job_restarts: 0}\n"
         "train: {steps: 10, sleep: 0.05, fail_if: null}\n"
         f"sweep:\n  list: [{{steps: 1000, sleep: 1.0}}, {{sleep: 0.01}}, {{fail_if: '{fail_flag}'}}]\n"
     )
