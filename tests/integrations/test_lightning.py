@@ -94,7 +94,8 @@ def stop_at(proc: subprocess.Popen[str], tmp: Path, thresholds: list[int], signu
     signal to the ranks' saved checkpoint."""
     took = []
     for attempt, threshold in enumerate(thresholds):
-        deadline = time.monotonic() + 240
+        # A stop, its save and the resumed attempt's start took over 240 s once beside a CI run.
+        deadline = time.monotonic() + 480
         while not (resumes(tmp) == attempt and last_step(tmp) >= threshold):
             assert proc.poll() is None and time.monotonic() < deadline, f"no step {threshold} ({thresholds})"
             time.sleep(0.05)

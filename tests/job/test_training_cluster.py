@@ -40,7 +40,7 @@ MIXED = ("train.workers=2", "train.record_samples=true", "precision.autocast=bfl
 FLOAT64 = ("train.dtype=float64", "train.dropout=0", "train.record_samples=true", "train.epochs=3")
 RUN_TIMEOUT_S = 400
 MARGIN = 4
-"""Drawn stops keep this many steps from an epoch's ends: a stop lands a few steps after its aim."""
+"""Drawn stops keep this many steps from an epoch's start: a stop lands a few steps after its aim."""
 LEAD = 2
 """The ranks are stopped for the preemption this many steps before the drawn step."""
 HIGH_JOB = ("-p", "high", "-N", "3", "--exclusive", "-t", "1", "--wrap", "sleep 3")
@@ -177,14 +177,17 @@ def test_preempted_twice_at_random_steps_ends_bit_exact_with_one_tracker_run(
 
 
 def draw_targets(steps_per_epoch: int) -> list[int]:
-    """Two steps to stop at, drawn at random mid-epoch (MARGIN steps from either end), the first in
+    """Two steps to stop at, drawn at random mid-epoch (in an epoch's first half, MARGIN steps or
+    more from its start), the first in
     the first two epochs, the second at least half an epoch later and before the last epoch: on a
     loaded machine (4 test workers on 2 cores) the ranks ran up to 14 steps past the aimed step
     before they stopped, and a stop aimed near the end became the run's end."""
     total = EPOCHS * steps_per_epoch
 
     def mid_epoch(low: int, high: int) -> list[int]:
-        return [s for s in range(low, high) if MARGIN <= s % steps_per_epoch <= steps_per_epoch - MARGIN]
+        # In the epoch's first half: under a CI run's load both stops of one run landed 4 and 6
+        # steps past their aims (38 and 57, 21 steps an epoch), on the next epochs' first steps.
+        return [s for s in range(low, high) if MARGIN <= s % steps_per_epoch <= steps_per_epoch // 2]
 
     first = random.choice(mid_epoch(0, 2 * steps_per_epoch))
     targets = [first, random.choice(mid_epoch(first + steps_per_epoch // 2, total - steps_per_epoch))]
