@@ -57,6 +57,11 @@ def from_environment(env: Mapping[str, str], port: int | None = None) -> DistEnv
     )
 
 
+def in_job_restart(env: Mapping[str, str]) -> int:
+    """The batch script's count of restarts inside this allocation (0 outside a batch script)."""
+    return int(env.get(IN_JOB_RESTART_ENV) or 0)
+
+
 def derive_port(job_key: int) -> int:
     """MASTER_PORT from the job id: stable across requeues (the id survives them), and distinct for
     any two jobs whose ids differ by less than PORT_SPAN. Array tasks have ids of their own."""
@@ -119,7 +124,7 @@ def _from_slurm(env: Mapping[str, str], port: int | None) -> DistEnv:
         job_id=job_id,
         restart_count=int(env.get("SLURM_RESTART_COUNT") or 0),
         device_index=select_device(env, local_rank),
-        in_job_restart=int(env.get(IN_JOB_RESTART_ENV) or 0),
+        in_job_restart=in_job_restart(env),
     )
 
 

@@ -18,9 +18,8 @@ import struct
 from collections.abc import Mapping
 from typing import Any
 
-from slurmddp.defaults import IN_JOB_RESTART_ENV
 from slurmddp.errors import DistEnvError
-from slurmddp.job.distenv import DistEnv, select_device
+from slurmddp.job.distenv import DistEnv, in_job_restart, select_device
 
 # What each launcher exports to its ranks: Open MPI; MPICH's hydra, Intel MPI and Slurm's pmi2
 # plugin (PMI-1/2); PMIx launchers (srun --mpi=pmix, prrte).
@@ -131,7 +130,7 @@ def from_mpi(env: Mapping[str, str], port: int | None = None) -> DistEnv:
         job_id=env.get("SLURM_JOB_ID", ""),
         restart_count=int(env.get("SLURM_RESTART_COUNT") or 0),
         device_index=select_device(env, local_rank),
-        in_job_restart=int(env.get(IN_JOB_RESTART_ENV) or 0),
+        in_job_restart=in_job_restart(env),
     )
 
 

@@ -20,14 +20,13 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
-from slurmddp.defaults import IN_JOB_RESTART_ENV, EndReason, RequeueReason
+from slurmddp.defaults import EndReason, RequeueReason
 from slurmddp.files import read_json_object, write_json
+from slurmddp.job import distenv
+from slurmddp.job.distenv import DistEnv
 from slurmddp.layout import ATTEMPTS, CONFIG, EXCLUDED, FAILURE, INTERRUPT, PROGRESS, RESULT, STOP, SWEEP
-
-if TYPE_CHECKING:
-    from slurmddp.job.distenv import DistEnv
 
 CANCELLED: EndReason = "cancelled"
 """The reason `slurmddp cancel` records: final, and never requeued."""
@@ -48,7 +47,7 @@ class AttemptId:
         return cls(
             env.get("SLURM_JOB_ID", ""),
             int(env.get("SLURM_RESTART_COUNT") or 0),
-            int(env.get(IN_JOB_RESTART_ENV) or 0),
+            distenv.in_job_restart(env),
         )
 
     @classmethod

@@ -18,7 +18,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
-from slurmddp.defaults import IN_JOB_RESTART_ENV
 from slurmddp.errors import CheckpointError
 from slurmddp.experiment.schema import Checkpoint
 from slurmddp.files import fsync_dir, write_atomic, write_json
@@ -38,6 +37,7 @@ from slurmddp.job.checkpoint.integrity import (
 from slurmddp.job.checkpoint.io import write_stream_atomic
 from slurmddp.job.checkpoint.snapshot import PendingSave, Snapshot, prepare
 from slurmddp.job.checkpoint.space import NoSpaceForCheckpoint, bytes_on_disk, free_bytes, no_space
+from slurmddp.job.distenv import in_job_restart
 
 if TYPE_CHECKING:
     import torch
@@ -69,10 +69,8 @@ def default_attempt_id(env: Mapping[str, str]) -> str | None:
     if job:
         # SLURM_RESTART_COUNT is absent on the first run and counts requeues after it; the batch
         # script counts the restarts inside one allocation.
-        in_job = env.get(IN_JOB_RESTART_ENV)
-        return f"slurm-{job}.{env.get('SLURM_RESTART_COUNT') or 0}" + (
-            f".{in_job}" if in_job and in_job != "0" else ""
-        )
+        in_job = in_job_restart(env)
+        return f"slurm-{job}.{env.get('SLURM_RESTART_COUNT') or 0}" + (f".{in_job}" if in_job else "")
     local = env.get("SUBMITIT_LOCAL_JOB_ID")
     if local:
         return f"local-{local}"
