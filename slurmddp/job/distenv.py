@@ -7,6 +7,7 @@ with a dictionary. One rank is one Slurm task: no torchrun in between.
 from __future__ import annotations
 
 import re
+import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -204,3 +205,13 @@ def rank_env(dist: DistEnv) -> dict[str, str]:
     if dist.device_index is not None:
         env["SLURMDDP_DEVICE"] = f"cuda:{dist.device_index}"
     return env
+
+
+def rank_hosts(dist: DistEnv, env: Mapping[str, str]) -> list[str]:
+    """The host of every rank: Slurm places ranks in blocks of local_world_size per node, on the
+    step's nodes (with spare nodes, not all of the job's)."""
+    listed = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST")
+    nodes = expand(listed) if listed else []
+    if not nodes:
+        return [socket.gethostname()] * dist.world_size
+    return [nodes[min(r // dist.local_world_size, len(nodes) - 1)] for r in range(dist.world_size)]

@@ -219,6 +219,9 @@ class Failure:
     """The exception's own text, without its type."""
     where: CodeSite | None = None
     """The innermost frame of the user's own code (not Python's, a library's or slurmddp's)."""
+    suspect_hosts: dict[str, str] | None = None
+    """Hosts whose every rank died while other nodes' ranks lived on (job/peerwatch.py): likely,
+    not proven, broken; a spare node takes their place where one is left, else they stay."""
 
     @classmethod
     def read_for(cls, run_dir: Path, attempt: AttemptId) -> Failure | None:
@@ -257,6 +260,7 @@ class Failure:
             data.get("exception"),
             data.get("message"),
             CodeSite.from_json(data.get("where")),
+            data.get("suspect_hosts"),
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -268,6 +272,7 @@ class Failure:
             "exception": self.exception,
             "message": self.message,
             "where": None if self.where is None else vars(self.where),
+            "suspect_hosts": self.suspect_hosts,
         }
         return {
             "step": self.step,

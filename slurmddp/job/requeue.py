@@ -123,22 +123,34 @@ def decide(
     if reason == "failure":
         # Without a crash record, the step this attempt reached: one that died before its first
         # step (a node gone under its start) did not crash where the attempt before it did.
-        step = failure.step if failure else progress_step(run_dir, me)
+        # A rank killed without a word has no step of its own: the step this attempt reached.
+        step = failure.step if failure and failure.step is not None else progress_step(run_dir, me)
         if failure and failure.cause:
             why = f" ({failure.cause})"
         known = set(Exclusions.read(run_dir).hosts) | settings.user_excluded()
         found = {h: r for h, r in ((failure and failure.bad_hosts) or {}).items() if h not in known}
         began = records.begins(era)
+        previous = began[-1].nodes if began else ""
         down = went_down(began[-1], known, failed_nodes) if began else {}
         if down:
             # A node failure, not srun ending the ranks after a crash, whatever the ranks saw.
             why = f" ({'; '.join(f'{host} {text}' for host, text in sorted(down.items()))})"
             found = {**found, **down}
+        suspected = {h: r for h, r in ((failure and failure.suspect_hosts) or {}).items() if h not in known}
+        # Suspects are left out only onto a spare: without one, the same nodes again beat going
+        # through the queue for a node that may well be sound.
+        if (
+            not found
+            and suspected
+            and me.in_job_restart < settings.requeue.in_job_restarts
+            and spare_hosts(env, settings, known | set(suspected), previous)
+        ):
+            why = f" ({'; '.join(f'{host}: {text}' for host, text in sorted(suspected.items()))})"
+            found = suspected
         if found:
             # Another node next time: neither a broken node's failure nor the same step is final.
             leave_out = found
             why += f"; leaving out {', '.join(sorted(found))}"
-            previous = began[-1].nodes if began else ""
             spares = spare_hosts(env, settings, known | set(found), previous)
             if spares is None or me.in_job_restart >= settings.requeue.in_job_restarts:
                 refused = cannot_leave_out(found, known, env, settings, partition_nodes)

@@ -21,7 +21,18 @@ from slurmddp.defaults import LOCAL_REQUEUE_STATUS
 from slurmddp.errors import SlurmddpError
 from slurmddp.experiment.entrypoint import is_file_target
 from slurmddp.files import write_json
-from slurmddp.job import attempts, crash, distenv, mpi, preflight, provenance, records, rendezvous, signals
+from slurmddp.job import (
+    attempts,
+    crash,
+    distenv,
+    mpi,
+    peerwatch,
+    preflight,
+    provenance,
+    records,
+    rendezvous,
+    signals,
+)
 from slurmddp.job.context import RunContext
 from slurmddp.job.distenv import DistEnv
 from slurmddp.job.records import AttemptId
@@ -197,6 +208,7 @@ def _run_function(spec: RankSpec, dist: DistEnv, function: Callable[[RunContext]
     if dist.rank == 0:
         rendezvous.check_port_free(dist.master_port)
     store = rendezvous.open_store(dist, spec.dist.timeout_s)
+    watch = peerwatch.start(store, dist, spec)
     tdist.init_process_group(
         backend=backend,
         store=store,
@@ -206,6 +218,14 @@ def _run_function(spec: RankSpec, dist: DistEnv, function: Callable[[RunContext]
     )
     try:
         outcome = _call(spec, dist, device, host, function)
+    except SystemExit as exc:
+        # A local run's stop, or the user's own exit: no death, unless it says it failed.
+        if watch is not None and exc.code in (None, 0, LOCAL_REQUEUE_STATUS):
+            watch.leave()
+        raise
+    else:
+        if watch is not None:
+            watch.leave()
     finally:
         tdist.destroy_process_group()
     # Not after a crash: srun ends the step, and the ranks still running would only wait.

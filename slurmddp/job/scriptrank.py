@@ -18,7 +18,7 @@ from pathlib import Path
 
 from slurmddp.defaults import LOCAL_REQUEUE_STATUS
 from slurmddp.errors import EntrypointFailed
-from slurmddp.job import crash, rendezvous, scriptrun, signals, stop
+from slurmddp.job import crash, peerwatch, rendezvous, scriptrun, signals, stop
 from slurmddp.job.distenv import DistEnv
 from slurmddp.job.loop import PROGRESS_EVERY_S
 from slurmddp.job.records import AttemptId, Progress, Stop
@@ -45,6 +45,7 @@ def run_script(spec: RankSpec, dist: DistEnv) -> int:
         # hears it within the same millisecond (job/stop.py agrees on the step).
         signals.install(spec.stop_signals, then=_forward_once(child))
         store = rendezvous.open_store(dist, spec.dist.timeout_s)
+        watch = peerwatch.start(store, dist, spec, child)
         code = _wait_for_script(child, dist, Path(spec.run_dir), Path(steps.name))
         step = scriptrun.read_steps(Path(steps.name))
         finished = scriptrun.read_finished(Path(steps.name))
@@ -59,6 +60,8 @@ def run_script(spec: RankSpec, dist: DistEnv) -> int:
             flush=True,
         )
         code = 0
+    if watch is not None and (stop is not None or code == 0):
+        watch.leave()
     if stop is None and code != 0:
         # Before srun's SIGTERM reaches the other ranks: their stop is no stop request.
         error = f"{shlex.join(command)} exited with status {code}{_after(step)}"

@@ -33,9 +33,8 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from slurmddp.cluster import hostlist
 from slurmddp.files import write_json
-from slurmddp.job.distenv import DistEnv
+from slurmddp.job.distenv import DistEnv, rank_hosts
 from slurmddp.job.records import AttemptId, Failure
 from slurmddp.layout import HANGS
 
@@ -141,7 +140,7 @@ class Watchdog:
         summary = self._dir / "summary.json"
         if rank == 0:
             reports = _collect(self._dir, self._dist.world_size, time.monotonic() + GATHER_S)
-            cause, culprits = diagnose(reports, self._dist.world_size, hosts(self._dist, os.environ))
+            cause, culprits = diagnose(reports, self._dist.world_size, rank_hosts(self._dist, os.environ))
             write_json(summary, {"cause": cause, "reports": reports})
             Failure(
                 step=self._step,
@@ -202,16 +201,6 @@ def diagnose(
         return f"{at}: every rank waits in a collective (ranks calling different collectives?)", []
     names = ", ".join(f"rank {r['rank']} on {r['host']} (in {r['where']})" for r in culprits)
     return f"{at}: {names} did not arrive", [str(r["host"]) for r in culprits]
-
-
-def hosts(dist: DistEnv, env: Mapping[str, str]) -> list[str]:
-    """The host of every rank: Slurm places ranks in blocks of local_world_size per node, on the
-    step's nodes (with spare nodes, not all of the job's)."""
-    listed = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST")
-    nodes = hostlist.expand(listed) if listed else []
-    if not nodes:
-        return [socket.gethostname()] * dist.world_size
-    return [nodes[min(r // dist.local_world_size, len(nodes) - 1)] for r in range(dist.world_size)]
 
 
 def _host(where: Sequence[str], rank: int) -> str:

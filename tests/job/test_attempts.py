@@ -477,6 +477,51 @@ def test_a_spare_node_takes_the_place_of_a_drained_one_inside_the_allocation(
     assert requeues_in(slurm_commands) == []
 
 
+def node2_killed(path: Path, env: dict[str, str]) -> int:
+    """The end of attempt 0 after node2's two ranks died without a word (job/peerwatch.py)."""
+    Progress(33, AttemptId("77", 0), time.time()).write(path)
+    suspected = {"node2": "its 2 ranks died together while the other nodes' ran on"}
+    Failure(None, 2, "rank 2 on node2, rank 3 on node2 ended without a word", AttemptId("77", 0), 1.0).write(
+        path
+    )
+    failure = Failure.read_all(path)[-1]
+    Failure(**{**vars(failure), "suspect_hosts": suspected}).write(path, replace=True)
+    return attempts.end(
+        path,
+        1,
+        env,
+        now=1001.0,
+        preempt_time=lambda j: None,
+        partition_nodes=lambda p: 3,
+        failed_nodes=lambda n, t: {},
+    )
+
+
+def test_a_node_whose_ranks_all_died_is_swapped_for_a_spare(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], slurm_commands: list[list[str]]
+) -> None:
+    path = run_dir(tmp_path, SPARE)
+    begin_spare(path, 0, capsys)
+    assert node2_killed(path, SPARE_ENV) == EXIT_RESTART_IN_JOB
+    ended = ends(path)[-1]
+    assert ended.step == 33  # no step of its own: the step the attempt reached
+    assert "node2: its 2 ranks died together" in ended.message and "on node3 instead" in ended.message
+    assert Path(begin_spare(path, 1, capsys)["SLURM_HOSTFILE"]).read_text() == "node1\nnode1\nnode3\nnode3\n"
+    assert requeues_in(slurm_commands) == []
+
+
+def test_without_a_spare_a_suspected_node_is_kept_and_the_step_restarts_on_the_same_nodes(
+    tmp_path: Path, slurm_commands: list[list[str]]
+) -> None:
+    """A suspicion is no proof: the queue (with the node left out) costs more than one more try."""
+    path = run_dir(tmp_path, "  nodes: 2\n  tasks_per_node: 2\n")
+    env = {**ENV, "SLURM_JOB_NODELIST": "node[1-2]", "SLURM_JOB_PARTITION": "debug"}
+    assert attempts.begin(path, env, now=1000.0, failed_nodes=lambda n, t: {}) == 0
+    assert node2_killed(path, env) == EXIT_RESTART_IN_JOB
+    assert "leaving out" not in ends(path)[-1].message
+    assert Exclusions.read(path).hosts == {} and slurm_commands == []
+
+
 def test_with_no_spare_left_a_bad_node_goes_through_the_queue(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], slurm_commands: list[list[str]]
 ) -> None:

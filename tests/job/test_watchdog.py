@@ -14,7 +14,7 @@ from conftest import slurmddp
 from dist_envs import dist_env
 from train_sources import linear_ddp_train
 
-from slurmddp.job import watchdog
+from slurmddp.job import distenv, watchdog
 
 HOSTS = ["node1", "node1", "node2", "node2"]
 
@@ -55,7 +55,7 @@ def test_ranks_behind_the_others_are_named_when_all_wait() -> None:
 def test_hosts_follow_slurms_block_placement() -> None:
     dist = dist_env(world_size=6, local_world_size=2, num_nodes=3, master_addr="gpu01", job_id="9")
     env = {"SLURM_JOB_NODELIST": "gpu[01-03]"}
-    assert watchdog.hosts(dist, env) == ["gpu01", "gpu01", "gpu02", "gpu02", "gpu03", "gpu03"]
+    assert distenv.rank_hosts(dist, env) == ["gpu01", "gpu01", "gpu02", "gpu02", "gpu03", "gpu03"]
 
 
 def test_a_stalled_step_fires_once_with_stacks_and_a_failure_record(tmp_path: Path) -> None:

@@ -1,0 +1,311 @@
+"""job/peerwatch.py: a rank that dies without a word ends every other rank of its step within
+milliseconds; a rank that ends in order does not. Real sockets and a real TCPStore; the ranks
+that die are real processes, SIGKILLed."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from conftest import only_run, slurmddp
+from dist_envs import dist_env
+from torch._C._distributed_c10d import TCPStore
+
+from slurmddp.job import peerwatch
+from slurmddp.job.distenv import DistEnv
+from slurmddp.job.records import AttemptId, Failure
+
+HOSTS = ["node1", "node1", "node2", "node2"]
+WAIT_S = 10.0
+"""How long a test waits for what must happen; the watch itself answers in about GATHER_S."""
+
+RANK_PROCESS = """
+import sys, time
+from datetime import timedelta
+from pathlib import Path
+from torch.distributed import TCPStore
+from slurmddp.job import peerwatch
+from slurmddp.job.distenv import DistEnv
+
+rank, port, run_dir, hosts = int(sys.argv[1]), int(sys.argv[2]), Path(sys.argv[3]), sys.argv[4:]
+world = len(hosts)
+store = TCPStore("127.0.0.1", port, world, rank == 0, timedelta(seconds=30), wait_for_workers=False)
+dist = DistEnv(rank, 0, world, 1, rank, world, "127.0.0.1", port, "7", 0, None)
+watch = peerwatch.PeerWatch(store, dist, run_dir, hosts, lambda message: print("LOST", message, flush=True))
+while rank and watch._conn is None:  # connected, and so known to rank 0, before it is killed
+    time.sleep(0.01)
+print("READY", flush=True)
+time.sleep(600)
+"""
+
+
+class Rank:
+    """One rank's watch in this process; what it was told, once told."""
+
+    def __init__(self, store: Any, rank: int, port: int, run_dir: Path) -> None:
+        self.told = threading.Event()
+        self.messages: list[str] = []
+        dist = dist_env(
+            rank=rank,
+            local_rank=rank % 2,
+            world_size=4,
+            local_world_size=2,
+            node_rank=rank // 2,
+            num_nodes=2,
+            master_addr="127.0.0.1",
+            master_port=port,
+            job_id="7",
+        )
+        self.dist: DistEnv = dist
+        self.watch = peerwatch.PeerWatch(store, dist, run_dir, HOSTS, self._lost)
+
+    def _lost(self, message: str) -> None:
+        self.messages.append(message)
+        self.told.set()
+
+
+def spawn(rank: int, port: int, run_dir: Path, hosts: list[str] = HOSTS) -> subprocess.Popen[str]:
+    child = subprocess.Popen(
+        [sys.executable, "-c", RANK_PROCESS, str(rank), str(port), str(run_dir), *hosts],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert child.stdout is not None
+    assert child.stdout.readline().strip() == "READY"
+    return child
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def client(port: int) -> Any:
+    return TCPStore("127.0.0.1", port, 4, False, timedelta(seconds=30), wait_for_workers=False)
+
+
+def connected(ranks: list[Rank], children: int) -> None:
+    """Wait until rank 0 has heard every other rank name itself."""
+    deadline = time.monotonic() + WAIT_S
+    while len([r for r in ranks[0].watch._peers.values() if r is not None]) < len(ranks) - 1 + children:
+        assert time.monotonic() < deadline, "the ranks never connected"
+        time.sleep(0.01)
+
+
+def following(rank: Rank) -> None:
+    """Wait until a rank other than 0 holds its connection to rank 0."""
+    deadline = time.monotonic() + WAIT_S
+    while rank.watch._conn is None:
+        assert time.monotonic() < deadline, f"rank {rank.dist.rank} never connected"
+        time.sleep(0.01)
+
+
+def test_a_node_whose_ranks_are_killed_ends_every_other_rank_and_is_suspected(tmp_path: Path) -> None:
+    port = free_port()
+    master = TCPStore("127.0.0.1", port, 4, True, timedelta(seconds=30), wait_for_workers=False)
+    ranks = [Rank(master, 0, port, tmp_path), Rank(client(port), 1, port, tmp_path)]
+    children = [spawn(2, port, tmp_path), spawn(3, port, tmp_path)]
+    connected(ranks, 2)
+    for child in children:
+        os.kill(child.pid, signal.SIGKILL)
+        child.wait()
+    for rank in ranks:
+        assert rank.told.wait(WAIT_S), f"rank {rank.dist.rank} was not told"
+        assert rank.messages == [
+            "rank 2 on node2, rank 3 on node2 ended without a word (killed: SIGKILL, the out-of-memory "
+            "killer, a lost node), so the step cannot go on"
+        ]
+    failure = Failure.read_all(tmp_path)[-1]
+    assert failure.rank == 2
+    assert failure.error == ranks[0].messages[0]
+    assert failure.suspect_hosts == {"node2": "its 2 ranks died together while the other nodes' ran on"}
+
+
+def test_rank_0_killed_ends_the_others(tmp_path: Path) -> None:
+    port = free_port()
+    master = spawn(0, port, tmp_path)
+    ranks = [Rank(client(port), rank, port, tmp_path) for rank in (1, 2)]
+    for rank in ranks:
+        following(rank)
+    os.kill(master.pid, signal.SIGKILL)
+    master.wait()
+    for rank in ranks:
+        assert rank.told.wait(WAIT_S), f"rank {rank.dist.rank} was not told"
+        assert rank.messages[0].startswith("rank 0 on node1 ended without a word")
+
+
+def test_ranks_that_end_in_order_are_no_death(tmp_path: Path) -> None:
+    port = free_port()
+    master = TCPStore("127.0.0.1", port, 4, True, timedelta(seconds=30), wait_for_workers=False)
+    ranks = [Rank(master, 0, port, tmp_path), *(Rank(client(port), r, port, tmp_path) for r in (1, 2, 3))]
+    connected(ranks, 0)
+    for rank in ranks[1:]:
+        rank.watch.leave()
+        assert rank.watch._conn is not None
+        rank.watch._conn.close()  # what the process's end does to its socket
+    assert not ranks[0].told.wait(3 * peerwatch.GATHER_S)
+    ranks[0].watch.leave()
+    assert not any(rank.told.is_set() for rank in ranks)
+    assert Failure.read_all(tmp_path) == []
+
+
+def test_rank_0_ending_in_order_ends_the_watch_for_all(tmp_path: Path) -> None:
+    port = free_port()
+    master = TCPStore("127.0.0.1", port, 4, True, timedelta(seconds=30), wait_for_workers=False)
+    ranks = [Rank(master, 0, port, tmp_path), *(Rank(client(port), r, port, tmp_path) for r in (1, 2))]
+    connected(ranks, 0)
+    ranks[0].watch.leave()
+    ranks[0].watch._server.close()
+    assert not any(rank.told.wait(3 * peerwatch.GATHER_S) for rank in ranks[1:])
+
+
+def test_the_dead_ranks_own_crash_record_stands(tmp_path: Path) -> None:
+    port = free_port()
+    master = TCPStore("127.0.0.1", port, 4, True, timedelta(seconds=30), wait_for_workers=False)
+    ranks = [Rank(master, 0, port, tmp_path)]
+    child = spawn(3, port, tmp_path)
+    connected(ranks, 1)
+    own = Failure(step=12, rank=3, error="ValueError('bad batch')", attempt=AttemptId("7", 0), time=0.0)
+    own.write(tmp_path)
+    os.kill(child.pid, signal.SIGKILL)
+    child.wait()
+    assert ranks[0].told.wait(WAIT_S)
+    assert Failure.read_all(tmp_path)[-1].error == "ValueError('bad batch')"
+
+
+@pytest.mark.parametrize(
+    ("dead", "expected"),
+    [
+        ({2, 3}, {"node2"}),
+        ({2}, set()),  # one rank of a node: its code as likely as the node
+        ({0, 1, 2, 3}, set()),  # every node: the code, not a node
+    ],
+)
+def test_a_node_is_suspected_only_when_its_ranks_alone_died(dead: set[int], expected: set[str]) -> None:
+    assert set(peerwatch.suspects(HOSTS, dead)) == expected
+    assert peerwatch.suspects(["a", "b", "c"], {1}) == {}  # one rank per node tells nothing
+
+
+BLOCKS = {
+    "c-call": "ctypes.CDLL(None).sleep(120)",
+    # About 120 s of GPU cycles, then the host waits for them as a step's sync point does.
+    "cuda-synchronize": "torch.cuda._sleep(int(2.4e11)); torch.cuda.synchronize()",
+    "cuda-item": "x = torch.ones(1, device='cuda'); torch.cuda._sleep(int(2.4e11)); x.item()",
+}
+
+
+NEEDS_CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+@pytest.mark.parametrize(
+    "block",
+    [
+        "c-call",
+        pytest.param("cuda-synchronize", marks=NEEDS_CUDA),
+        pytest.param("cuda-item", marks=NEEDS_CUDA),
+    ],
+)
+def test_a_rank_blocked_outside_python_is_ended_when_its_peer_dies(tmp_path: Path, block: str) -> None:
+    """The case the watch is for: the survivor's main thread never returns to Python (a C call, a
+    CUDA synchronize or a tensor's .item() waiting on the GPU, as an NCCL wait does), so neither
+    an exception nor a signal handler can end it."""
+    survivor = textwrap.dedent(
+        """
+        import ctypes, sys, torch
+        from datetime import timedelta
+        from pathlib import Path
+        from torch.distributed import TCPStore
+        from slurmddp.job import peerwatch
+        from slurmddp.job.distenv import DistEnv
+
+        port, run_dir = int(sys.argv[1]), Path(sys.argv[2])
+        store = TCPStore("127.0.0.1", port, 2, True, timedelta(seconds=30), wait_for_workers=False)
+        dist = DistEnv(0, 0, 2, 1, 0, 2, "127.0.0.1", port, "7", 0, None)
+        peerwatch.PeerWatch(store, dist, run_dir, ["node1", "node2"], peerwatch.end_process(0, lambda: None))
+        print("READY", flush=True)
+        BLOCK
+        print("still here", flush=True)
+        """
+    ).replace("BLOCK", BLOCKS[block])
+    port = free_port()
+    blocked = subprocess.Popen(
+        [sys.executable, "-c", survivor, str(port), str(tmp_path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert blocked.stdout is not None
+    assert blocked.stdout.readline().strip() == "READY"
+    peer = spawn(1, port, tmp_path, ["node1", "node2"])
+    os.kill(peer.pid, signal.SIGKILL)
+    peer.wait()
+    out, err = blocked.communicate(timeout=60)
+    assert blocked.returncode == peerwatch.PEER_LOST_EXIT_STATUS
+    assert "still here" not in out
+    assert "slurmddp: rank 0: rank 1 on node2 ended without a word" in err
+
+
+KILLED_WHILE_OTHERS_BLOCK = """
+import ctypes, os, signal
+import torch
+from slurmddp import RunContext
+
+def train(ctx: RunContext) -> dict:
+    torch.manual_seed(0)
+    model = torch.nn.Linear(8, 1)
+    ddp = ctx.ddp(model)
+    optimizer = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    for step in ctx.loop(10, model=model, optimizer=optimizer):
+        if step == 4:
+            if ctx.rank == 2:
+                os.kill(os.getpid(), signal.SIGKILL)
+            ctypes.CDLL(None).sleep(600)  # as a rank blocked in a CUDA or NCCL wait
+        optimizer.zero_grad()
+        ddp(torch.ones(4, 8)).sum().backward()
+        optimizer.step()
+    return {}
+"""
+
+
+def test_three_local_ranks_end_at_once_when_one_is_killed_while_the_others_block(tmp_path: Path) -> None:
+    """Without the watch, ranks 0 and 1 sit in their 600 s call, then fail in the next
+    collective; with it the run has ended, its failure naming rank 2, within seconds of the kill."""
+    (tmp_path / "killed.py").write_text(KILLED_WHILE_OTHERS_BLOCK)
+    exp = tmp_path / "exp.yaml"
+    exp.write_text(
+        "entrypoint: killed.py:train\n"
+        "resources: {nodes: 1, tasks_per_node: 3, time: '00:20:00'}\n"
+        "dist: {hang_timeout_s: 0}\n"
+    )
+    started = time.monotonic()
+    proc = slurmddp(
+        dict(os.environ),
+        tmp_path,
+        "submit",
+        str(exp),
+        "executor=local",
+        f"output_dir={tmp_path / 'runs'}",
+        timeout=500,
+    )
+    took = time.monotonic() - started
+    assert proc.returncode != 0, proc.stdout + proc.stderr
+    run = only_run(tmp_path / "runs")
+    failure = Failure.read_all(run)[-1]
+    assert failure.rank == 2 and failure.error.startswith("rank 2 on "), failure
+    assert "ended without a word" in failure.error
+    ends = [json.loads(line) for line in (run / "attempts.jsonl").read_text().splitlines()]
+    assert ends[-1]["event"] == "end" and ends[-1]["status"] == peerwatch.PEER_LOST_EXIT_STATUS, ends[-1]
+    assert took < 300, f"{took:.0f} s: the blocked ranks were not ended"
