@@ -33,6 +33,7 @@ from slurmddp.job import (
     rendezvous,
     signals,
 )
+from slurmddp.job.checkpoint.prefetch import prefetch
 from slurmddp.job.context import RunContext
 from slurmddp.job.distenv import DistEnv
 from slurmddp.job.records import AttemptId
@@ -124,6 +125,8 @@ def _run_entrypoint(spec: RankSpec, dist: DistEnv) -> Any:
     if spec.script is not None or spec.module is not None:
         return run_script(spec, dist)
     assert spec.function is not None
+    # The disk works while the user's module, torch and the process group load (seconds).
+    prefetch(Path(spec.checkpoint_dir), dist.rank, shared=dist.local_rank == 0)
     try:
         function = load_function(spec.function)
     except Exception as exc:

@@ -38,6 +38,7 @@ from slurmddp.job.checkpoint import (
     capture_rng_state,
     default_attempt_id,
     marker_name,
+    prefetch,
     rank_file_name,
     restore_rng_state,
     step_dir_name,
@@ -143,6 +144,23 @@ def test_only_complete_checkpoints_count(tmp_path: Path, caplog: pytest.LogCaptu
         info = store.latest()
     assert info is not None and info.step == 1
     assert "step-00000002" in caplog.text and "no completion marker from rank 1" in caplog.text
+
+
+def test_a_restart_reads_ahead_the_newest_complete_checkpoints_files_it_will_load(
+    tmp_path: Path,
+) -> None:
+    assert prefetch.prefetch(tmp_path / "none yet", 0, shared=True) is None  # a first attempt
+    save_all(tmp_path, 1, 3)
+    CheckpointStore(tmp_path, 0, 3, attempt="a").save(2, {"v": torch.ones(1)}, {"rank": 0})  # incomplete
+    newest = tmp_path / "step-00000001"
+    assert prefetch.newest_files(tmp_path, 2, shared=False) == [newest / "rank-00002.pt"]
+    assert prefetch.newest_files(tmp_path, 0, shared=True) == [newest / "rank-00000.pt", newest / "shared.pt"]
+    # A rank the checkpoint's run did not have (a job grown since) loads the shared state only.
+    assert prefetch.newest_files(tmp_path, 5, shared=True) == [newest / "shared.pt"]
+    thread = prefetch.prefetch(tmp_path, 1, shared=True)
+    assert thread is not None and thread.daemon
+    thread.join(10)
+    assert not thread.is_alive()
 
 
 def test_latest_skips_a_missing_marker_and_a_truncated_file(

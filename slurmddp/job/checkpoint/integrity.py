@@ -30,6 +30,18 @@ def marker_name(rank: int) -> str:
     return f"rank-{rank:05d}.done"
 
 
+def step_dirs(root: Path) -> list[tuple[int, Path]]:
+    """The step directories under `root` with their steps, newest first."""
+    if not root.is_dir():
+        return []
+    found = []
+    for entry in root.iterdir():
+        match = STEP_DIR_RE.match(entry.name)
+        if match and entry.is_dir():
+            found.append((int(match.group(1)), entry))
+    return sorted(found, reverse=True)
+
+
 def checkpoint_problems(path: Path, step: int, world_size: int | None, *, check_crc: bool) -> list[str]:
     """Why `path` is not a complete checkpoint of `world_size` ranks (empty: it is complete); with
     `world_size` None, of the ranks its meta.json says wrote it."""

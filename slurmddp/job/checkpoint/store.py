@@ -13,7 +13,7 @@ import os
 import shutil
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
@@ -25,7 +25,6 @@ from slurmddp.job.checkpoint.integrity import (
     FORMAT,
     META_FILE,
     SHARED_FILE,
-    STEP_DIR_RE,
     checkpoint_problems,
     file_problem,
     marker_name,
@@ -33,6 +32,7 @@ from slurmddp.job.checkpoint.integrity import (
     rank_file_name,
     read_json,
     step_dir_name,
+    step_dirs,
 )
 from slurmddp.job.checkpoint.io import write_stream_atomic
 from slurmddp.job.checkpoint.snapshot import PendingSave, Snapshot, prepare
@@ -211,7 +211,7 @@ class CheckpointStore:
 
     def _size(self) -> int | None:
         """The bytes the newest complete checkpoint takes, None without one."""
-        for step, path in self._step_dirs():
+        for step, path in step_dirs(self.root):
             if not checkpoint_problems(path, step, None, check_crc=False):
                 try:
                     return bytes_on_disk(path)
@@ -290,7 +290,7 @@ class CheckpointStore:
 
         Sizes are checked always; with `verify_checksums` every file of every rank is read and its
         CRC32 checked too (the same answer on every rank, at the cost of reading everything)."""
-        for step, path in self._step_dirs():
+        for step, path in step_dirs(self.root):
             if before is not None and step >= before:
                 continue
             problems = checkpoint_problems(path, step, None, check_crc=verify_checksums)
@@ -383,24 +383,13 @@ class CheckpointStore:
         for leftover in self.root.glob(f"{_DELETING_PREFIX}*"):
             shutil.rmtree(leftover, ignore_errors=True)
         kept = 0
-        for step, path in self._step_dirs():
+        for step, path in step_dirs(self.root):
             if not checkpoint_problems(path, step, None, check_crc=False):
                 kept += 1
                 if kept > self.keep_last:
                     _delete_dir(path)
             elif kept > 0:
                 _delete_dir(path)
-
-    def _step_dirs(self) -> Iterator[tuple[int, Path]]:
-        """Step directories, newest first."""
-        if not self.root.is_dir():
-            return iter(())
-        found = []
-        for entry in self.root.iterdir():
-            match = STEP_DIR_RE.match(entry.name)
-            if match and entry.is_dir():
-                found.append((int(match.group(1)), entry))
-        return iter(sorted(found, reverse=True))
 
 
 def _make_dir(path: Path) -> None:
