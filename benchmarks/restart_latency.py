@@ -12,7 +12,9 @@ three alternate, --rounds runs each. Per run and as medians it prints:
     first step  that begin -> the restarted attempt's first progress record (its first step done)
 
 and whether the job went through the queue (sacct shows a REQUEUED incarnation). Every run must
-end COMPLETED.    python benchmarks/restart_latency.py [--rounds 5]
+end COMPLETED with the parameters of an uninterrupted run of the same settings, run first.
+
+    python benchmarks/restart_latency.py [--rounds 5]
 """
 
 from __future__ import annotations
@@ -68,12 +70,23 @@ def requeued(job: str) -> bool:
     return "REQUEUED" in out
 
 
-def one(out: Path, scenario: str, kill_at: int) -> Row:
+SETTINGS = ("train.steps=1500", "train.log_every=500", "checkpoint.every_steps=100")
+
+
+def digest(run: Path) -> str:
+    return str(json.loads((run / "result.json").read_text())["result"]["param_sha256"])
+
+
+def uninterrupted(out: Path) -> str:
+    run = submit(out, *SETTINGS)
+    wait_for("the uninterrupted run", lambda: gone(job_id(run)), timeout=900)
+    return digest(run)
+
+
+def one(out: Path, scenario: str, kill_at: int, reference: str) -> Row:
     run = submit(
         out,
-        "train.steps=1500",
-        "train.log_every=500",
-        "checkpoint.every_steps=100",
+        *SETTINGS,
         f"requeue.in_job_restarts={0 if scenario == 'queue' else 3}",
         f"resources.spare_nodes={1 if scenario == 'spare' else 0}",
     )
@@ -106,6 +119,8 @@ def one(out: Path, scenario: str, kill_at: int) -> Row:
     final = ends(run)[-1]
     if final["reason"] != "completed":
         raise SystemExit(f"{run}: ended {final['reason']}: {final['message']}")
+    if digest(run) != reference:
+        raise SystemExit(f"{run}: completed on other parameters than the uninterrupted run")
     return (
         end["time"] - killed_at,
         began["time"] - end["time"],
@@ -122,16 +137,17 @@ def main() -> None:
     rows: dict[str, list[Row]] = {name: [] for name in args.scenarios.split(",")}
     chooser = random.Random(26)
     with tempfile.TemporaryDirectory(dir=Path.cwd()) as tmp:
+        reference = uninterrupted(Path(tmp))
         for round_ in range(args.rounds):
             for name in rows:
                 kill_at = chooser.randrange(150, 450)
-                row = one(Path(tmp), name, kill_at)
+                row = one(Path(tmp), name, kill_at, reference)
                 rows[name].append(row)
                 teardown, relaunch, first, queued = row
                 print(
                     f"round {round_ + 1} {name:6} killed at step {kill_at}: teardown {teardown:.1f} s, "
                     f"relaunch {relaunch:.1f} s, first step {first:.1f} s, total {sum(row[:3]):.1f} s, "
-                    f"{'through the queue (REQUEUED)' if queued else 'no requeue'}",
+                    f"{'through the queue (REQUEUED)' if queued else 'no requeue'}, bit-identical",
                     flush=True,
                 )
     for name, values in rows.items():

@@ -50,6 +50,7 @@ CONSEQUENCE_S = 2.0
 """A survivor's error this close before rank 0 heard of a death came from that death."""
 POLL_S = 0.2
 KEEPALIVE = {"TCP_KEEPIDLE": 5, "TCP_KEEPINTVL": 2, "TCP_KEEPCNT": 3}
+_WELCOME = b"ok\n"
 _BYE = b"bye\n"
 _LOST = b"lost "
 
@@ -132,7 +133,10 @@ class PeerWatch:
         for line in lines:
             rank = self._peers.get(conn)
             if rank is None:
-                self._peers[conn] = int(line)
+                with self._lock:
+                    self._peers[conn] = int(line)
+                    # Under the lock leave() takes: a rank taken in after rank 0 left gets its bye.
+                    _send(conn, _BYE if self._left.is_set() else _WELCOME)
             elif line + b"\n" == _BYE:
                 self._said_bye.add(rank)
 
@@ -182,23 +186,30 @@ class PeerWatch:
                 _send(conn, _BYE)
                 return
             _send(conn, f"{self._dist.rank}\n".encode())
-        data = b""
+        # Watched only once rank 0 took this rank in: a rank 0 that left in order before it did
+        # (a short script) drops the connection unanswered, which is no death.
+        welcomed = False
+        pending = b""
         while True:
             chunk = _recv(conn)
             if self._left.is_set():
                 return
             if chunk is None:
-                self._on_lost(
-                    f"rank 0 on {self._host(0)} ended without a word (killed, or its node lost), "
-                    "so the step cannot go on"
-                )
+                if welcomed:
+                    self._on_lost(
+                        f"rank 0 on {self._host(0)} ended without a word (killed, or its node lost), "
+                        "so the step cannot go on"
+                    )
                 return
-            data += chunk
-            if data.startswith(_BYE):
-                return  # rank 0 finished in order: nothing left to watch
-            if data.startswith(_LOST) and data.endswith(b"\n"):
-                self._on_lost(data[len(_LOST) :].decode(errors="replace").strip())
-                return
+            *lines, pending = (pending + chunk).split(b"\n")
+            for line in lines:
+                if line + b"\n" == _WELCOME:
+                    welcomed = True
+                elif line + b"\n" == _BYE:
+                    return  # rank 0 finished in order: nothing left to watch
+                elif line.startswith(_LOST):
+                    self._on_lost(line[len(_LOST) :].decode(errors="replace").strip())
+                    return
 
     def _close_all(self) -> None:
         with self._lock:

@@ -172,6 +172,16 @@ def test_rank_0_ending_in_order_ends_the_watch_for_all(tmp_path: Path) -> None:
     assert not any(rank.told.wait(3 * peerwatch.GATHER_S) for rank in ranks[1:])
 
 
+def test_a_rank_that_rank_0_never_took_in_is_not_told_of_a_death(tmp_path: Path) -> None:
+    """A short script: rank 0 finished and left before another rank's watch connected. Its
+    connection is refused, or dropped unanswered from the listen queue: no death either way."""
+    port = free_port()
+    master = TCPStore("127.0.0.1", port, 4, True, timedelta(seconds=30), wait_for_workers=False)
+    Rank(master, 0, port, tmp_path).watch.leave()
+    late = Rank(client(port), 1, port, tmp_path)
+    assert not late.told.wait(3 * peerwatch.GATHER_S)
+
+
 def test_the_dead_ranks_own_crash_record_stands(tmp_path: Path) -> None:
     port = free_port()
     master = TCPStore("127.0.0.1", port, 4, True, timedelta(seconds=30), wait_for_workers=False)
