@@ -10,8 +10,10 @@ How. Rank 0's process listens on a port it picks, published in the job's store; 
 holds one TCP connection to it from a daemon thread that does nothing while the step runs. However
 a process ends (SIGKILL, the OOM killer, `os._exit` after its crash record), the kernel closes its
 sockets, and rank 0 reads end-of-file at once; a rank that finishes in order (done, or saved for a
-stop) says "bye" first. On a death, rank 0 waits GATHER_S for more (a node's ranks die together),
-records who died and where, tells every other rank, and every rank ends its process. Rank 0 gone:
+stop) says "bye" first, and one that raised says "crash" (its own record says why). On an end
+without either, rank 0 waits GATHER_S for more (a node's ranks die together; the survivors' errors
+from a dead peer's closed sockets come as crashes), records who died without a word and where,
+tells every other rank, and every rank ends its process. Rank 0 gone:
 the others read end-of-file from it. A node that stops answering altogether (a dead kernel sends no
 FIN) is found by TCP keepalive within about 11 s.
 
@@ -52,6 +54,7 @@ POLL_S = 0.2
 KEEPALIVE = {"TCP_KEEPIDLE": 5, "TCP_KEEPINTVL": 2, "TCP_KEEPCNT": 3}
 _WELCOME = b"ok\n"
 _BYE = b"bye\n"
+_CRASH = b"crash\n"
 _LOST = b"lost "
 
 
@@ -77,13 +80,24 @@ class PeerWatch:
         self._conn: socket.socket | None = None
         self._buffers: dict[socket.socket, bytes] = {}
         self._said_bye: set[int] = set()
+        self._crashed: set[int] = set()
+        """Ranks that said they crashed (their own record says why) before their end."""
+        self._self_crash = threading.Event()
+        self._told = threading.Event()
         if dist.rank == 0:
             self._server = _listen()
             # Set here, not in the thread: the others' first read of the store waits for it.
             store.set(ADDRESS_KEY, str(self._server.getsockname()[1]))
             target: Callable[[], None] = self._serve
         else:
-            target = functools.partial(self._follow, store)
+            # Here, not in the thread: a daemon thread still inside a torch (C++) call when the
+            # process exits dies with "terminate called without an active exception". Rank 0 sets
+            # it before its own process group forms, which this rank's waits for anyway.
+            try:
+                port = int(store.get(ADDRESS_KEY))
+            except Exception:
+                return  # no watch: the step's own errors and srun end it, as without one
+            target = functools.partial(self._follow, port)
         threading.Thread(target=target, name="slurmddp-peerwatch", daemon=True).start()
 
     def leave(self) -> None:
@@ -94,13 +108,27 @@ class PeerWatch:
             for conn in targets:
                 _send(conn, _BYE)
 
+    def crashed(self) -> None:
+        """This rank raised, its crash recorded: the others end now, told of a crash rather than
+        a silent death. Rank 0 first gathers, for GATHER_S, whoever died before it: a peer that
+        died without a word is the likelier cause of its error."""
+        if self._dist.rank == 0:
+            self._self_crash.set()
+            self._told.wait(GATHER_S + 2 * POLL_S)
+        else:
+            with self._lock:
+                self._left.set()  # its own end follows: nothing more to act on
+                _send(self._conn, _CRASH)
+
     def _serve(self) -> None:
         selector = selectors.DefaultSelector()
         selector.register(self._server, selectors.EVENT_READ)
         dead: dict[int, float] = {}
         first = 0.0
         while not self._left.is_set():
-            if dead and time.monotonic() - first >= GATHER_S:
+            if self._self_crash.is_set():
+                first = first or time.monotonic()
+            if first and time.monotonic() - first >= GATHER_S:
                 self._tell(dead)
                 return
             for key, _ in selector.select(POLL_S):
@@ -139,14 +167,24 @@ class PeerWatch:
                     _send(conn, _BYE if self._left.is_set() else _WELCOME)
             elif line + b"\n" == _BYE:
                 self._said_bye.add(rank)
+            elif line + b"\n" == _CRASH:
+                self._crashed.add(rank)
 
     def _tell(self, dead: dict[int, float]) -> None:
-        message = self._record(dead)
+        silent = {rank: at for rank, at in dead.items() if rank not in self._crashed}
+        if silent:
+            message = self._record(silent)
+        else:
+            crashed = sorted({*dead, *([0] if self._self_crash.is_set() else [])})
+            names = ", ".join(f"rank {rank} on {self._host(rank)}" for rank in crashed)
+            message = f"{names} crashed (its error is in its log and failure.json), so the step cannot go on"
         with self._lock:
             for conn in list(self._peers):
                 _send(conn, _LOST + message.encode() + b"\n")
         self._close_all()
-        self._on_lost(message)
+        self._told.set()
+        if not self._self_crash.is_set():
+            self._on_lost(message)
 
     def _record(self, dead: dict[int, float]) -> str:
         """The attempt's failure, unless one that says more is there: the dead rank's own crash
@@ -173,12 +211,11 @@ class PeerWatch:
             ).write(self._run_dir, replace=earlier is not None)
         return message
 
-    def _follow(self, store: Store) -> None:
+    def _follow(self, port: int) -> None:
         try:
-            port = int(store.get(ADDRESS_KEY))
             conn = socket.create_connection((self._dist.master_addr, port))
-        except Exception:
-            return  # no watch: the step's own errors and srun end it, as without one
+        except OSError:
+            return  # rank 0 left already, or cannot be reached: as without a watch
         _keepalive(conn)
         with self._lock:
             self._conn = conn

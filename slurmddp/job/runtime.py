@@ -226,6 +226,10 @@ def _run_function(spec: RankSpec, dist: DistEnv, function: Callable[[RunContext]
         if watch is not None and exc.code in (None, 0, LOCAL_REQUEUE_STATUS):
             watch.leave()
         raise
+    except Exception:
+        if watch is not None:
+            watch.crashed()
+        raise
     else:
         if watch is not None:
             watch.leave()

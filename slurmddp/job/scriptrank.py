@@ -66,6 +66,8 @@ def run_script(spec: RankSpec, dist: DistEnv) -> int:
         # Before srun's SIGTERM reaches the other ranks: their stop is no stop request.
         error = f"{shlex.join(command)} exited with status {code}{_after(step)}"
         crash.record(Path(spec.run_dir), dist, step, error)
+        if watch is not None:
+            watch.crashed()
         raise EntrypointFailed(f"rank {dist.rank}: {shlex.join(command)} exited with status {code}")
     if stop is not None:
         if dist.rank == 0:

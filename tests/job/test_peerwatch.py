@@ -155,7 +155,7 @@ def test_ranks_that_end_in_order_are_no_death(tmp_path: Path) -> None:
     for rank in ranks[1:]:
         rank.watch.leave()
         assert rank.watch._conn is not None
-        rank.watch._conn.close()  # what the process's end does to its socket
+        rank.watch._conn.shutdown(socket.SHUT_RDWR)  # what the process's end does
     assert not ranks[0].told.wait(3 * peerwatch.GATHER_S)
     ranks[0].watch.leave()
     assert not any(rank.told.is_set() for rank in ranks)
@@ -180,6 +180,44 @@ def test_a_rank_that_rank_0_never_took_in_is_not_told_of_a_death(tmp_path: Path)
     Rank(master, 0, port, tmp_path).watch.leave()
     late = Rank(client(port), 1, port, tmp_path)
     assert not late.told.wait(3 * peerwatch.GATHER_S)
+
+
+def test_the_ranks_that_crashed_after_a_silent_death_are_not_blamed_for_it(tmp_path: Path) -> None:
+    """Rank 3 is killed; rank 1's collective then fails on the closed socket, it records that and
+    says so: the failure names rank 3 alone and replaces rank 1's consequence."""
+    port = free_port()
+    master = TCPStore("127.0.0.1", port, 4, True, timedelta(seconds=30), wait_for_workers=False)
+    ranks = [Rank(master, 0, port, tmp_path), Rank(client(port), 1, port, tmp_path)]
+    child = spawn(3, port, tmp_path)
+    connected(ranks, 1)
+    os.kill(child.pid, signal.SIGKILL)
+    child.wait()
+    closed = "RuntimeError('Connection closed by peer')"
+    Failure(None, 1, closed, AttemptId("7", 0), time.time()).write(tmp_path)
+    ranks[1].watch.crashed()
+    assert ranks[1].watch._conn is not None
+    ranks[1].watch._conn.shutdown(socket.SHUT_RDWR)
+    assert ranks[0].told.wait(WAIT_S)
+    assert ranks[0].messages[0].startswith("rank 3 on node2 ended without a word")
+    failure = Failure.read_all(tmp_path)[-1]
+    assert failure.rank == 3 and failure.suspect_hosts is None
+
+
+def test_a_crash_alone_is_told_as_a_crash_and_its_record_stands(tmp_path: Path) -> None:
+    port = free_port()
+    master = TCPStore("127.0.0.1", port, 4, True, timedelta(seconds=30), wait_for_workers=False)
+    ranks = [Rank(master, 0, port, tmp_path), *(Rank(client(port), r, port, tmp_path) for r in (1, 2))]
+    connected(ranks, 0)
+    Failure(40, 2, "ValueError('bad batch')", AttemptId("7", 0), time.time()).write(tmp_path)
+    ranks[2].watch.crashed()
+    assert ranks[2].watch._conn is not None
+    ranks[2].watch._conn.shutdown(socket.SHUT_RDWR)
+    for rank in ranks[:2]:
+        assert rank.told.wait(WAIT_S)
+        assert rank.messages == [
+            "rank 2 on node2 crashed (its error is in its log and failure.json), so the step cannot go on"
+        ]
+    assert [f.error for f in Failure.read_all(tmp_path)] == ["ValueError('bad batch')"]
 
 
 def test_the_dead_ranks_own_crash_record_stands(tmp_path: Path) -> None:

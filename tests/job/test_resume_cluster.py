@@ -17,6 +17,7 @@ import pytest
 from conftest import ROOT, SYNTHETIC, parent_pid, rank_pids, slurmddp, wait_for_job, wait_until
 
 from slurmddp.cluster import hostlist
+from slurmddp.job.records import Failure
 
 STEPS = 1000
 COMMON = [f"train.steps={STEPS}", "train.log_every=100"]
@@ -182,6 +183,9 @@ def test_a_killed_rank_restarts_inside_the_allocation_then_through_the_queue(
     assert first.get("in_job") is True and "restart 1 of 1 in this allocation" in first["message"], first
     assert not second.get("in_job") and "requeue 1 (budget 3)" in second["message"], second
     assert last["reason"] == "completed"
+    # Rank 0 heard of each death at once and said whose it was (job/peerwatch.py).
+    failures = Failure.read_all(run)
+    assert [(f.rank, "ended without a word" in f.error) for f in failures] == [(3, True)] * 2, failures
     began = [(r["restart_count"], r.get("in_job_restart", 0)) for r in attempts(run) if r["event"] == "begin"]
     assert began == [(0, 0), (0, 1), (1, 0)]
     # Slurm's view: one allocation with two steps, then one requeue.
@@ -228,6 +232,9 @@ def test_a_node_lost_under_the_job_is_swapped_for_its_spare_inside_the_allocatio
     failed, completed = ends(run)
     assert failed.get("in_job") is True and f"leaving out {victim}" in failed["message"], failed
     assert completed["reason"] == "completed"
+    (failure,) = Failure.read_all(run)
+    assert failure.error.startswith(f"rank 2 on {victim}, rank 3 on {victim} ended without a word"), failure
+    assert failure.suspect_hosts is not None and set(failure.suspect_hosts) == {victim}
     second_nodes = hostlist.expand([r for r in attempts(run) if r["event"] == "begin"][1]["nodes"])
     assert len(second_nodes) == 2 and victim not in second_nodes and first_nodes[0] in second_nodes
     assert [state for _, state in sacct(slurm_env, job, "-X", "-D")] == ["COMPLETED"]
