@@ -22,6 +22,8 @@ def submit(out: Path, *overrides: str) -> Path:
         stdout=subprocess.DEVNULL,
     )
     (manifest,) = set(out.glob("*/*/manifest.json")) - before
+    if json.loads(manifest.read_text())["executor"] == "local":
+        raise SystemExit("no Slurm answered (SLURM_CONF unset, or the lab down): the run went local")
     return manifest.parent
 
 

@@ -45,9 +45,10 @@ if TYPE_CHECKING:
 
 ADDRESS_KEY = "slurmddp/peerwatch"
 PEER_LOST_EXIT_STATUS = 87
-GATHER_S = 0.5
+GATHER_S = 0.2
 """After the first death, how long rank 0 waits for more before it tells the others: the ranks of
-a node that went away die within milliseconds of each other."""
+a node that went away die within milliseconds of each other. Rank 0's own crash waits for it too
+(its error is most likely that death's), so it is added to every teardown."""
 CONSEQUENCE_S = 2.0
 """A survivor's error this close before rank 0 heard of a death came from that death."""
 POLL_S = 0.2
@@ -85,6 +86,8 @@ class PeerWatch:
         self._self_crash = threading.Event()
         self._told = threading.Event()
         if dist.rank == 0:
+            # crashed() wakes the selector through it: rank 0's own crash cannot wait for a poll.
+            self._wake, self._waker = socket.socketpair()
             self._server = _listen()
             # Set here, not in the thread: the others' first read of the store waits for it.
             store.set(ADDRESS_KEY, str(self._server.getsockname()[1]))
@@ -114,7 +117,8 @@ class PeerWatch:
         died without a word is the likelier cause of its error."""
         if self._dist.rank == 0:
             self._self_crash.set()
-            self._told.wait(GATHER_S + 2 * POLL_S)
+            _send(self._waker, b"!")
+            self._told.wait(GATHER_S + POLL_S)
         else:
             with self._lock:
                 self._left.set()  # its own end follows: nothing more to act on
@@ -123,15 +127,20 @@ class PeerWatch:
     def _serve(self) -> None:
         selector = selectors.DefaultSelector()
         selector.register(self._server, selectors.EVENT_READ)
+        selector.register(self._wake, selectors.EVENT_READ)
         dead: dict[int, float] = {}
         first = 0.0
         while not self._left.is_set():
             if self._self_crash.is_set():
                 first = first or time.monotonic()
-            if first and time.monotonic() - first >= GATHER_S:
+            left = first + GATHER_S - time.monotonic() if first else POLL_S
+            if left <= 0:
                 self._tell(dead)
                 return
-            for key, _ in selector.select(POLL_S):
+            for key, _ in selector.select(min(left, POLL_S)):
+                if key.fileobj is self._wake:
+                    self._wake.recv(64)
+                    continue
                 if key.fileobj is self._server:
                     conn, _ = self._server.accept()
                     _keepalive(conn)
@@ -254,6 +263,8 @@ class PeerWatch:
                 conn.close()
             self._peers.clear()
         self._server.close()
+        self._wake.close()
+        self._waker.close()
 
     def _host(self, rank: int) -> str:
         return self._hosts[rank] if rank < len(self._hosts) else "?"

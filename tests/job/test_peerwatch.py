@@ -203,6 +203,23 @@ def test_the_ranks_that_crashed_after_a_silent_death_are_not_blamed_for_it(tmp_p
     assert failure.rank == 3 and failure.suspect_hosts is None
 
 
+def test_rank_0_crashing_on_a_dead_peer_first_records_that_death(tmp_path: Path) -> None:
+    """Rank 0's own collective fails when rank 3 is killed: its crashed() waits the gathering
+    window, so the failure names rank 3, and the other ranks are told so."""
+    port = free_port()
+    master = TCPStore("127.0.0.1", port, 4, True, timedelta(seconds=30), wait_for_workers=False)
+    ranks = [Rank(master, 0, port, tmp_path), Rank(client(port), 1, port, tmp_path)]
+    child = spawn(3, port, tmp_path)
+    connected(ranks, 1)
+    os.kill(child.pid, signal.SIGKILL)
+    child.wait()
+    ranks[0].watch.crashed()
+    assert not ranks[0].told.is_set()  # rank 0 ends by its own exception, not by being told
+    assert ranks[1].told.wait(WAIT_S)
+    assert ranks[1].messages[0].startswith("rank 3 on node2 ended without a word")
+    assert Failure.read_all(tmp_path)[-1].rank == 3
+
+
 def test_a_crash_alone_is_told_as_a_crash_and_its_record_stands(tmp_path: Path) -> None:
     port = free_port()
     master = TCPStore("127.0.0.1", port, 4, True, timedelta(seconds=30), wait_for_workers=False)
