@@ -50,7 +50,9 @@ class Model(pl.LightningModule):
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
         x, y = batch
         time.sleep(self.sleep)  # a step as long as a real one, so that a stop lands mid-run
-        return nn.functional.mse_loss(self.net(x), y)
+        loss = nn.functional.mse_loss(self.net(x), y)
+        self.log("loss", loss)  # TensorBoard, under RUN_DIR/lightning_logs/version_0 in every attempt
+        return loss
 
     def optimizer_step(self, *args: Any, **kwargs: Any) -> None:
         super().optimizer_step(*args, **kwargs)
@@ -123,7 +125,7 @@ def main() -> None:
         default_root_dir=str(RUN_DIR),
         enable_progress_bar=False,
         enable_model_summary=False,
-        logger=False,
+        log_every_n_steps=10,
     )
     model = Model(args.lr, args.sleep, tuple(args.signal_at))
     trainer.fit(model, loader, ckpt_path="last")

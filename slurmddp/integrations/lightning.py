@@ -21,7 +21,7 @@ What the callback does, per hook (Lightning 2.6.6; docs/frameworks/lightning.md 
   `fit(ckpt_path=None|"last")` resolved to unless that file is newer.
 - on resume: the RNG streams of every rank, the sampler's epoch and the batches already trained in
   that epoch (the order continues mid-epoch, with DistributedSampler or any sampler whose order is
-  a function of its epoch).
+  a function of its epoch), and the TensorBoard/CSV loggers' `version_N` of the first attempt.
 
 DDP's bucket rebuild after its first step (which a resumed attempt would reach one step later than
 the uninterrupted run did) is not the callback's concern: slurmddp builds a resumed attempt's DDP
@@ -37,8 +37,10 @@ from __future__ import annotations
 import itertools
 import os
 import secrets
+import shutil
 import signal
 import sys
+import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -60,6 +62,10 @@ CHECKPOINTS_DIR = "lightning_checkpoints"
 """Under the run directory: the checkpoints the callback saves at a stop."""
 LIGHTNING_FILE = "lightning.ckpt"
 """Rank 0: the Trainer's checkpoint (`trainer.save_checkpoint`), what `fit(ckpt_path=...)` loads."""
+_IMPORTED_AT = time.time()
+"""Before the script built its Trainer and loggers: what a logger created later is this process's."""
+LOGGERS_FILE = "loggers.json"
+"""Beside the checkpoints: the first attempt's logger versions, which later attempts continue."""
 KEEP_LAST = 2
 _STOP_SIGNALS = ("SIGTERM", "SIGUSR1", "SIGUSR2")
 
@@ -194,6 +200,7 @@ class SlurmddpCallback(_Callback):
         path, self._attempt = trainer.strategy.broadcast(newest, src=0)
         self._resume = Path(path) if path else None
         self._choose_resume_point(trainer)
+        self._continue_loggers(trainer)
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         self._restore_signal_handlers()
@@ -245,6 +252,26 @@ class SlurmddpCallback(_Callback):
                 signal.signal(signum, handler)
 
     # -- the resume point -------------------------------------------------------------------------
+
+    def _continue_loggers(self, trainer: Any) -> None:
+        """A resumed attempt's TensorBoard and CSV loggers write into the first attempt's
+        `version_N` directory, not a new `version_N+1`: one run in TensorBoard, continued. The
+        first attempt's versions are kept beside the checkpoints (a version the script chose
+        stays as it is)."""
+        versioned = [logger for logger in trainer.loggers if hasattr(logger, "_version")]
+        if not versioned:
+            return
+        path = self.root(trainer) / LOGGERS_FILE
+        if self._resume is None:
+            if trainer.is_global_zero:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                write_json(path, {str(index): logger.version for index, logger in enumerate(versioned)})
+            return
+        saved = read_json_object(path) or {}
+        for index, logger in enumerate(versioned):
+            wanted = saved.get(str(index))
+            if wanted is not None and logger.version != wanted:
+                _repoint(logger, wanted, remove_opened=trainer.is_global_zero)
 
     def _choose_resume_point(self, trainer: Any) -> None:
         """Make Lightning restore from our newest complete checkpoint, unless the checkpoint it
@@ -354,6 +381,21 @@ class SlurmddpCallback(_Callback):
             if fetcher is not None:
                 iter(fetcher)
             restore_rng_state(rng["rng"])
+
+
+def _repoint(logger: Any, version: Any, remove_opened: bool) -> None:
+    """Point `logger` at `version`. Lightning opened this attempt's writer in a new version's
+    directory before any callback's setup ran (to have the loggers' metadata early); that writer
+    is closed, and its directory, holding only files made in this process, removed."""
+    opened = Path(logger.log_dir)
+    close = getattr(getattr(logger, "_experiment", None), "close", None)
+    if callable(close):
+        close()
+    logger._experiment = None
+    logger._version = version
+    ours = opened.is_dir() and all(p.stat().st_mtime >= _IMPORTED_AT for p in opened.rglob("*"))
+    if remove_opened and ours:
+        shutil.rmtree(opened, ignore_errors=True)
 
 
 def _mtime(path: Any) -> float:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from slurmddp.defaults import LOCAL_REQUEUE_STATUS
 from slurmddp.errors import EntrypointFailed
-from slurmddp.job import crash, peerwatch, rendezvous, scriptrun, signals, stop
+from slurmddp.job import crash, peerwatch, rendezvous, scriptrun, signals, stop, trackers
 from slurmddp.job.distenv import DistEnv
 from slurmddp.job.loop import PROGRESS_EVERY_S
 from slurmddp.job.records import AttemptId, Progress, Stop
@@ -104,6 +104,7 @@ def _script_env(spec: RankSpec, dist: DistEnv, steps: str) -> dict[str, str]:
         "TORCHELASTIC_USE_AGENT_STORE": "True",
         scriptrun.STEP_FILE_ENV: steps,
         stop.STORE_ENV: f"{dist.master_addr}:{dist.master_port}",
+        **trackers.script_env(Path(spec.run_dir), os.environ),
     }
     if spec.settings.ddp.resume_buckets:
         env[scriptrun.RESUME_BUCKETS_ENV] = "1"

@@ -15,6 +15,7 @@ earlier attempt logged past it):
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import secrets
@@ -113,6 +114,24 @@ def _flat(config: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
         else:
             flat[f"{prefix}{key}"] = str(value)
     return flat
+
+
+def script_env(run_dir: Path, environ: Mapping[str, str]) -> dict[str, str]:
+    """What a script's own trackers read to continue one run across attempts, where the user set
+    nothing of the kind:
+    - W&B: HF Trainer's `report_to="wandb"`, Lightning's WandbLogger and accelerate's trackers
+      call `wandb.init` without an id, which then reads WANDB_RUN_ID and WANDB_RESUME. The id is
+      the run directory's: every rank and every attempt derives the same, with nothing to share.
+    - TensorBoard under HF Trainer: its callback writes to TENSORBOARD_LOGGING_DIR, else to
+      `output_dir/runs/<time>_<host>`, a new directory on every attempt (transformers 5.24); here
+      RUN_DIR/tensorboard."""
+    env: dict[str, str] = {}
+    if not environ.get("WANDB_RUN_ID"):
+        env["WANDB_RUN_ID"] = hashlib.sha256(str(run_dir.resolve()).encode()).hexdigest()[:16]
+        env["WANDB_RESUME"] = environ.get("WANDB_RESUME") or "allow"
+    if not environ.get("TENSORBOARD_LOGGING_DIR"):
+        env["TENSORBOARD_LOGGING_DIR"] = str(run_dir / TENSORBOARD)
+    return env
 
 
 def _remember(ids_path: Path, ids: dict[str, str], key: str, value: str) -> None:

@@ -150,6 +150,9 @@ def test_preempted_twice_at_random_steps_it_ends_on_the_uninterrupted_run_bit_fo
     assert (run / "ddp" / "0.json").is_file(), sorted(p.name for p in run.iterdir())
     assert digest(run) == reference, (thresholds, stopped)
     assert_every_step_once(run)
+    # One TensorBoard run, continued by every attempt (the callback keeps version_0).
+    assert sorted(p.name for p in (run / "lightning_logs").iterdir()) == ["version_0"]
+    assert len(list((run / "lightning_logs" / "version_0").glob("events.out.tfevents.*"))) >= 2
 
 
 def test_a_sigterm_only_stop_of_a_script_without_the_line_ends_cleanly_and_soon(

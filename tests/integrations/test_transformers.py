@@ -26,7 +26,7 @@ from transformers import Trainer, TrainingArguments  # noqa: E402
 
 from slurmddp import StopForRequeue  # noqa: E402
 from slurmddp.integrations import transformers as hf  # noqa: E402
-from slurmddp.job import stop  # noqa: E402
+from slurmddp.job import stop, trackers  # noqa: E402
 
 # The harder case: without find_unused_parameters DDP rebuilds its buckets after the first backward,
 # and a resume is exact only because slurmddp builds the resumed DDP in the layout the first attempt
@@ -173,7 +173,12 @@ def patched_trainer() -> Iterator[None]:
 
 
 def tiny_trainer(
-    example: ModuleType, out: Path, callbacks: list[Any], steps: int = 12, evaluate: bool = False
+    example: ModuleType,
+    out: Path,
+    callbacks: list[Any],
+    steps: int = 12,
+    evaluate: bool = False,
+    report_to: str = "none",
 ) -> Trainer:
     torch.manual_seed(0)
     config = transformers.GPT2Config(
@@ -186,7 +191,7 @@ def tiny_trainer(
         gradient_accumulation_steps=2,
         learning_rate=3e-3,
         save_strategy="no",
-        report_to="none",
+        report_to=report_to,
         seed=0,
         use_cpu=True,
         disable_tqdm=True,
@@ -257,6 +262,25 @@ def test_a_stop_saves_a_complete_checkpoint_at_that_step_and_the_resume_ends_whe
     assert example.digest(resumed.model) == expected
     evaluations = [e["epoch"] for e in resumed.state.log_history if "eval_loss" in e]
     assert evaluations == evaluated
+
+
+def test_a_stopped_and_resumed_trainer_logs_into_one_tensorboard_directory(
+    tmp_path: Path, example: ModuleType, monkeypatch: pytest.MonkeyPatch, patched_trainer: None
+) -> None:
+    """transformers' TensorBoard callback opens output_dir/runs/<time>_<host> on every attempt
+    unless TENSORBOARD_LOGGING_DIR names one, which a script's rank sets (job/trackers.py)."""
+    run_dir = tmp_path / "run"
+    for name, value in trackers.script_env(run_dir, {}).items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv(stop.STORE_ENV, "127.0.0.1:1")
+    monkeypatch.setattr(stop, "should_stop", FakeStop(at=6))
+    out = tmp_path / "out"
+    with pytest.raises(StopForRequeue):
+        tiny_trainer(example, out, [hf.SlurmddpCallback()], report_to="tensorboard").train()
+    monkeypatch.setattr(stop, "should_stop", FakeStop(at=None))
+    tiny_trainer(example, out, [hf.SlurmddpCallback()], report_to="tensorboard").train()
+    assert len(list((run_dir / "tensorboard").glob("events.out.tfevents.*"))) == 2
+    assert not (out / "runs").exists()
 
 
 class EndsAt(transformers.TrainerCallback):

@@ -18,7 +18,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from slurmddp.errors import ConfigError, SlurmddpError
 from slurmddp.experiment import schema
-from slurmddp.job.trackers import MLFLOW_RUN_ID, WANDB_RUN_ID, Trackers
+from slurmddp.job.trackers import MLFLOW_RUN_ID, WANDB_RUN_ID, Trackers, script_env
 
 CONFIG = {"name": "demo", "train": {"lr": 0.1, "layers": [64, 64]}, "resources": {"nodes": 2}}
 
@@ -215,3 +215,37 @@ def test_schema_refuses_a_tracker_this_python_cannot_import(
         schema.Trackers(**enabled)
     disabled: dict[str, Any] = {key: False}
     schema.Trackers(**disabled)
+
+
+def test_a_scripts_wandb_run_id_is_the_run_directorys_unless_the_user_set_one(tmp_path: Path) -> None:
+    run_dir = tmp_path / "runs" / "exp" / "20261126-101500-ab12"
+    env = script_env(run_dir, {})
+    assert env["WANDB_RESUME"] == "allow" and re.fullmatch(r"[0-9a-f]{16}", env["WANDB_RUN_ID"])
+    assert env["TENSORBOARD_LOGGING_DIR"] == str(run_dir / "tensorboard")  # HF Trainer's callback
+    # Every rank and attempt derives the same id: the path, however it is spelled.
+    spelled = script_env(tmp_path / "runs" / "exp" / ".." / "exp" / run_dir.name, {})
+    assert spelled["WANDB_RUN_ID"] == env["WANDB_RUN_ID"]
+    assert script_env(tmp_path / "other", {})["WANDB_RUN_ID"] != env["WANDB_RUN_ID"]
+    users = {"WANDB_RUN_ID": "mine", "TENSORBOARD_LOGGING_DIR": "/tb"}
+    assert script_env(run_dir, users) == {}
+    assert script_env(run_dir, {"WANDB_RESUME": "must"})["WANDB_RESUME"] == "must"
+
+
+@pytest.mark.usefixtures("wandb_offline")
+@pytest.mark.process  # wandb's service process
+def test_a_scripts_own_wandb_init_continues_one_run_across_attempts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What HF Trainer's, Lightning's and accelerate's W&B integrations do: wandb.init without an id."""
+    import wandb
+
+    run_dir = tmp_path / "run"
+    for name, value in script_env(run_dir, {}).items():
+        monkeypatch.setenv(name, value)
+    ids = []
+    for attempt_ in range(2):
+        run = wandb.init(project="p", dir=str(run_dir), mode="offline")
+        run.log({"loss": 1.0 / (attempt_ + 1)})
+        ids.append(run.id)
+        run.finish()
+    assert ids == [os.environ["WANDB_RUN_ID"]] * 2
