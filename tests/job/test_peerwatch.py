@@ -182,9 +182,8 @@ def test_a_rank_that_rank_0_never_took_in_is_not_told_of_a_death(tmp_path: Path)
     assert not late.told.wait(3 * peerwatch.GATHER_S)
 
 
-def test_the_ranks_that_crashed_after_a_silent_death_are_not_blamed_for_it(tmp_path: Path) -> None:
-    """Rank 3 is killed; rank 1's collective then fails on the closed socket, it records that and
-    says so: the failure names rank 3 alone and replaces rank 1's consequence."""
+def with_rank_3_killed(tmp_path: Path) -> list[Rank]:
+    """Ranks 0 and 1 here; rank 3 a process, SIGKILLed once rank 0 took it in."""
     port = free_port()
     master = TCPStore("127.0.0.1", port, 4, True, timedelta(seconds=30), wait_for_workers=False)
     ranks = [Rank(master, 0, port, tmp_path), Rank(client(port), 1, port, tmp_path)]
@@ -192,6 +191,13 @@ def test_the_ranks_that_crashed_after_a_silent_death_are_not_blamed_for_it(tmp_p
     connected(ranks, 1)
     os.kill(child.pid, signal.SIGKILL)
     child.wait()
+    return ranks
+
+
+def test_the_ranks_that_crashed_after_a_silent_death_are_not_blamed_for_it(tmp_path: Path) -> None:
+    """Rank 3 is killed; rank 1's collective then fails on the closed socket, it records that and
+    says so: the failure names rank 3 alone and replaces rank 1's consequence."""
+    ranks = with_rank_3_killed(tmp_path)
     closed = "RuntimeError('Connection closed by peer')"
     Failure(None, 1, closed, AttemptId("7", 0), time.time()).write(tmp_path)
     ranks[1].watch.crashed()
@@ -206,13 +212,7 @@ def test_the_ranks_that_crashed_after_a_silent_death_are_not_blamed_for_it(tmp_p
 def test_rank_0_crashing_on_a_dead_peer_first_records_that_death(tmp_path: Path) -> None:
     """Rank 0's own collective fails when rank 3 is killed: its crashed() waits the gathering
     window, so the failure names rank 3, and the other ranks are told so."""
-    port = free_port()
-    master = TCPStore("127.0.0.1", port, 4, True, timedelta(seconds=30), wait_for_workers=False)
-    ranks = [Rank(master, 0, port, tmp_path), Rank(client(port), 1, port, tmp_path)]
-    child = spawn(3, port, tmp_path)
-    connected(ranks, 1)
-    os.kill(child.pid, signal.SIGKILL)
-    child.wait()
+    ranks = with_rank_3_killed(tmp_path)
     ranks[0].watch.crashed()
     assert not ranks[0].told.is_set()  # rank 0 ends by its own exception, not by being told
     assert ranks[1].told.wait(WAIT_S)
