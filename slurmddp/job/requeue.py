@@ -121,9 +121,9 @@ def decide(
         reason, why = _classify(run_dir, me, env, stop, settings, preempt_time, time_left)
     leave_out: dict[str, str] = {}
     if reason == "failure":
-        # Without a crash record, the step this attempt reached: one that died before its first
-        # step (a node gone under its start) did not crash where the attempt before it did.
-        # A rank killed without a word has no step of its own: the step this attempt reached.
+        # Without a crash record, or with one that has no step (a rank killed without a word), the
+        # step this attempt reached: one that died before its first step (a node gone under its
+        # start) did not crash where the attempt before it did.
         step = failure.step if failure and failure.step is not None else progress_step(run_dir, me)
         if failure and failure.cause:
             why = f" ({failure.cause})"
