@@ -85,6 +85,8 @@ class PeerWatch:
         """Ranks that said they crashed (their own record says why) before their end."""
         self._self_crash = threading.Event()
         self._told = threading.Event()
+        self.step_of: Callable[[], int | None] = lambda: None
+        """The step rank 0's training is at, for the failure record; set once the loop exists."""
         if dist.rank == 0:
             # crashed() wakes the selector through it: rank 0's own crash cannot wait for a poll.
             self._wake, self._waker = socket.socketpair()
@@ -210,8 +212,10 @@ class PeerWatch:
         died_at = min(dead.values())
         earlier = Failure.read_for(self._run_dir, attempt)
         if earlier is None or _consequence(earlier, dead, died_at):
+            # Ranks move in lockstep: the step a survivor's collective failed at, or rank 0's.
+            step = earlier.step if earlier is not None and earlier.step is not None else self.step_of()
             Failure(
-                step=None,
+                step=step,
                 rank=ranks[0],
                 error=message,
                 attempt=attempt,

@@ -220,7 +220,7 @@ def _run_function(spec: RankSpec, dist: DistEnv, function: Callable[[RunContext]
         timeout=timedelta(seconds=spec.dist.timeout_s),
     )
     try:
-        outcome = _call(spec, dist, device, host, function)
+        outcome = _call(spec, dist, device, host, function, watch)
     except SystemExit as exc:
         # A local run's stop, or the user's own exit: no death, unless it says it failed.
         if watch is not None and exc.code in (None, 0, LOCAL_REQUEUE_STATUS):
@@ -241,7 +241,12 @@ def _run_function(spec: RankSpec, dist: DistEnv, function: Callable[[RunContext]
 
 
 def _call(
-    spec: RankSpec, dist: DistEnv, device: Any, host: str, function: Callable[[RunContext], Any]
+    spec: RankSpec,
+    dist: DistEnv,
+    device: Any,
+    host: str,
+    function: Callable[[RunContext], Any],
+    watch: peerwatch.PeerWatch | None,
 ) -> Any:
     import torch.distributed as tdist
     from omegaconf import OmegaConf
@@ -260,6 +265,8 @@ def _call(
         checkpoint_dir=Path(spec.checkpoint_dir),
         watchdog=Watchdog(Path(spec.run_dir), dist, hang_timeout) if hang_timeout != 0 else None,
     )
+    if watch is not None:
+        watch.step_of = lambda: ctx.active_loop.step if ctx.active_loop is not None else None
     started = time.time()
     try:
         result = function(ctx)

@@ -46,6 +46,8 @@ def run_script(spec: RankSpec, dist: DistEnv) -> int:
         signals.install(spec.stop_signals, then=_forward_once(child))
         store = rendezvous.open_store(dist, spec.dist.timeout_s)
         watch = peerwatch.start(store, dist, spec, child)
+        if watch is not None:
+            watch.step_of = lambda: scriptrun.read_steps(Path(steps.name))
         code = _wait_for_script(child, dist, Path(spec.run_dir), Path(steps.name))
         step = scriptrun.read_steps(Path(steps.name))
         finished = scriptrun.read_finished(Path(steps.name))

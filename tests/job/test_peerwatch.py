@@ -117,6 +117,7 @@ def test_a_node_whose_ranks_are_killed_ends_every_other_rank_and_is_suspected(tm
     port = free_port()
     master = TCPStore("127.0.0.1", port, 4, True, timedelta(seconds=30), wait_for_workers=False)
     ranks = [Rank(master, 0, port, tmp_path), Rank(client(port), 1, port, tmp_path)]
+    ranks[0].watch.step_of = lambda: 33  # rank 0's loop, in a job
     children = [spawn(2, port, tmp_path), spawn(3, port, tmp_path)]
     connected(ranks, 2)
     for child in children:
@@ -129,7 +130,7 @@ def test_a_node_whose_ranks_are_killed_ends_every_other_rank_and_is_suspected(tm
             "killer, a lost node), so the step cannot go on"
         ]
     failure = Failure.read_all(tmp_path)[-1]
-    assert failure.rank == 2
+    assert failure.rank == 2 and failure.step == 33
     assert failure.error == ranks[0].messages[0]
     assert failure.suspect_hosts == {"node2": "its 2 ranks died together while the other nodes' ran on"}
 
@@ -199,7 +200,7 @@ def test_the_ranks_that_crashed_after_a_silent_death_are_not_blamed_for_it(tmp_p
     says so: the failure names rank 3 alone and replaces rank 1's consequence."""
     ranks = with_rank_3_killed(tmp_path)
     closed = "RuntimeError('Connection closed by peer')"
-    Failure(None, 1, closed, AttemptId("7", 0), time.time()).write(tmp_path)
+    Failure(12, 1, closed, AttemptId("7", 0), time.time()).write(tmp_path)
     ranks[1].watch.crashed()
     assert ranks[1].watch._conn is not None
     ranks[1].watch._conn.shutdown(socket.SHUT_RDWR)
@@ -207,6 +208,7 @@ def test_the_ranks_that_crashed_after_a_silent_death_are_not_blamed_for_it(tmp_p
     assert ranks[0].messages[0].startswith("rank 3 on node2 ended without a word")
     failure = Failure.read_all(tmp_path)[-1]
     assert failure.rank == 3 and failure.suspect_hosts is None
+    assert failure.step == 12  # where the survivor's collective failed: the step rank 3 died at
 
 
 def test_rank_0_crashing_on_a_dead_peer_first_records_that_death(tmp_path: Path) -> None:
