@@ -13,12 +13,14 @@ sockets, and rank 0 reads end-of-file at once; a rank that finishes in order (do
 stop) says "bye" first, and one that raised says "crash" (its own record says why). On an end
 without either, rank 0 waits GATHER_S for more (a node's ranks die together; the survivors' errors
 from a dead peer's closed sockets come as crashes), records who died without a word and where,
-tells every other rank, and every rank ends its process. Rank 0 gone:
-the others read end-of-file from it. A node that stops answering altogether (a dead kernel sends no
-FIN) is found by TCP keepalive within about 11 s.
+tells every other rank, and every rank ends its process. Rank 0 gone: the others read end-of-file
+from it. A node that stops answering altogether (a dead kernel sends no FIN) is found by TCP
+keepalive within about 11 s. A rank is watched once rank 0 has answered it: a short script's rank 0
+that finished before taking a connection in is no death.
 
-The thread never runs Python in the training thread's way: a main thread blocked in a CUDA call
-or a collective does not delay it, since both release the GIL while they wait.
+A main thread blocked in a CUDA call or a collective does not hold the watch up: both release the
+GIL while they wait (checked on an H100 for `torch.cuda.synchronize()` and `.item()`). The watch's
+thread makes no torch call: one still inside torch's C++ when the process exits would abort it.
 """
 
 from __future__ import annotations
