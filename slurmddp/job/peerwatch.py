@@ -55,9 +55,10 @@ CONSEQUENCE_S = 2.0
 """A survivor's error this close before rank 0 heard of a death came from that death."""
 POLL_S = 0.2
 KEEPALIVE = {"TCP_KEEPIDLE": 5, "TCP_KEEPINTVL": 2, "TCP_KEEPCNT": 3}
-_WELCOME = b"ok\n"
-_BYE = b"bye\n"
-_CRASH = b"crash\n"
+# The protocol: one word a line ("lost " is followed by the message to print).
+_WELCOME = b"ok"
+_BYE = b"bye"
+_CRASH = b"crash"
 _LOST = b"lost "
 
 
@@ -161,6 +162,7 @@ class PeerWatch:
                 selector.unregister(conn)
                 with self._lock:
                     rank = self._peers.pop(conn, None)
+                self._buffers.pop(conn, None)
                 conn.close()
                 if rank is not None and rank not in self._said_bye:
                     first = first or time.monotonic()
@@ -178,9 +180,9 @@ class PeerWatch:
                     self._peers[conn] = int(line)
                     # Under the lock leave() takes: a rank taken in after rank 0 left gets its bye.
                     _send(conn, _BYE if self._left.is_set() else _WELCOME)
-            elif line + b"\n" == _BYE:
+            elif line == _BYE:
                 self._said_bye.add(rank)
-            elif line + b"\n" == _CRASH:
+            elif line == _CRASH:
                 self._crashed.add(rank)
 
     def _tell(self, dead: dict[int, float]) -> None:
@@ -193,7 +195,7 @@ class PeerWatch:
             message = f"{names} crashed (its error is in its log and failure.json), so the step cannot go on"
         with self._lock:
             for conn in list(self._peers):
-                _send(conn, _LOST + message.encode() + b"\n")
+                _send(conn, _LOST + message.encode())
         self._close_all()
         self._told.set()
         if not self._self_crash.is_set():
@@ -237,7 +239,7 @@ class PeerWatch:
             if self._left.is_set():
                 _send(conn, _BYE)
                 return
-            _send(conn, f"{self._dist.rank}\n".encode())
+            _send(conn, str(self._dist.rank).encode())
         # Watched only once rank 0 took this rank in: a rank 0 that left in order before it did
         # (a short script) drops the connection unanswered, which is no death.
         welcomed = False
@@ -255,9 +257,9 @@ class PeerWatch:
                 return
             *lines, pending = (pending + chunk).split(b"\n")
             for line in lines:
-                if line + b"\n" == _WELCOME:
+                if line == _WELCOME:
                     welcomed = True
-                elif line + b"\n" == _BYE:
+                elif line == _BYE:
                     return  # rank 0 finished in order: nothing left to watch
                 elif line.startswith(_LOST):
                     self._on_lost(line[len(_LOST) :].decode(errors="replace").strip())
@@ -356,9 +358,9 @@ def _recv(conn: socket.socket) -> bytes | None:
     return data or None
 
 
-def _send(conn: socket.socket | None, data: bytes) -> None:
+def _send(conn: socket.socket | None, line: bytes) -> None:
     if conn is None:
         return
     # A peer already gone: its own end is being handled.
     with contextlib.suppress(OSError):
-        conn.sendall(data)
+        conn.sendall(line + b"\n")
