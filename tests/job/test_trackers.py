@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -236,16 +237,23 @@ def test_a_scripts_wandb_run_id_is_the_run_directorys_unless_the_user_set_one(tm
 def test_a_scripts_own_wandb_init_continues_one_run_across_attempts(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """What HF Trainer's, Lightning's and accelerate's W&B integrations do: wandb.init without an id."""
-    import wandb
-
+    """What HF Trainer's, Lightning's and accelerate's W&B integrations do: wandb.init without an id.
+    Each attempt is its own process, as a script rank is: wandb reads its environment only once per
+    process, so an in-process second init would not show what a requeued attempt sees."""
     run_dir = tmp_path / "run"
     for name, value in script_env(run_dir, {}).items():
         monkeypatch.setenv(name, value)
+    script = (
+        "import sys, wandb\n"
+        "run = wandb.init(project='p', dir=sys.argv[1], mode='offline')\n"
+        "run.log({'loss': 1.0})\n"
+        "print('id', run.id)\n"
+        "run.finish()\n"
+    )
     ids = []
-    for attempt_ in range(2):
-        run = wandb.init(project="p", dir=str(run_dir), mode="offline")
-        run.log({"loss": 1.0 / (attempt_ + 1)})
-        ids.append(run.id)
-        run.finish()
+    for _ in range(2):
+        done = subprocess.run(
+            [sys.executable, "-c", script, str(run_dir)], capture_output=True, text=True, timeout=120, check=True
+        )
+        ids += [line.split()[1] for line in done.stdout.splitlines() if line.startswith("id ")]
     assert ids == [os.environ["WANDB_RUN_ID"]] * 2
