@@ -252,8 +252,7 @@ def test_a_scripts_own_wandb_init_continues_one_run_across_attempts(
     )
     ids = []
     for _ in range(2):
-        done = subprocess.run(
-            [sys.executable, "-c", script, str(run_dir)], capture_output=True, text=True, timeout=120, check=True
-        )
+        command = [sys.executable, "-c", script, str(run_dir)]
+        done = subprocess.run(command, capture_output=True, text=True, timeout=120, check=True)
         ids += [line.split()[1] for line in done.stdout.splitlines() if line.startswith("id ")]
     assert ids == [os.environ["WANDB_RUN_ID"]] * 2
