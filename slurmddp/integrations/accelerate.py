@@ -59,6 +59,7 @@ from typing import Any
 from slurmddp import files
 from slurmddp.errors import CheckpointError
 from slurmddp.job import stop
+from slurmddp.job.checkpoint.integrity import size_problem
 from slurmddp.job.checkpoint.rng import capture_rng_state, restore_rng_state
 
 MARKER = "slurmddp-complete.json"
@@ -104,12 +105,8 @@ def check_complete(path: Path) -> Candidate | str:
     except (KeyError, TypeError, ValueError):
         return f"its {MARKER} is not one slurmddp wrote"
     for name, size in sorted(sizes.items()):
-        try:
-            actual = (path / name).stat().st_size
-        except OSError:
-            return f"{name} is missing"
-        if actual != size:
-            return f"{name} has {actual} bytes, its marker says {size}"
+        if (problem := size_problem(path, name, size)) is not None:
+            return problem
     for rank in range(num_processes):
         if RANK_FILE.format(rank=rank) not in sizes:
             return f"{RANK_FILE.format(rank=rank)} is not listed"

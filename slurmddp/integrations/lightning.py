@@ -46,6 +46,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from slurmddp.files import fsync_dir, read_json_object, write_json
+from slurmddp.job.checkpoint.integrity import (
+    file_problem,
+    marker_name,
+    rank_file_name,
+    step_dir_name,
+    step_dirs,
+)
 from slurmddp.job.checkpoint.io import file_crc32, write_stream_atomic
 from slurmddp.job.checkpoint.rng import capture_rng_state, restore_rng_state
 from slurmddp.job.stop import exit_for_requeue, should_stop
@@ -70,18 +77,6 @@ KEEP_LAST = 2
 _STOP_SIGNALS = ("SIGTERM", "SIGUSR1", "SIGUSR2")
 
 
-def _rank_file(rank: int) -> str:
-    return f"rank-{rank:05d}.pt"
-
-
-def _marker(rank: int) -> str:
-    return f"rank-{rank:05d}.done"
-
-
-def _step_dir(step: int) -> str:
-    return f"step-{step:08d}"
-
-
 def checkpoint_problems(path: Path, world_size: int, *, check_crc: bool) -> list[str]:
     """Why `path` (a step directory) is not a complete checkpoint of `world_size` ranks; empty: it
     is. Complete: every rank's marker, all from one attempt, and every file with the size (and
@@ -89,26 +84,18 @@ def checkpoint_problems(path: Path, world_size: int, *, check_crc: bool) -> list
     problems: list[str] = []
     attempts = set()
     for rank in range(world_size):
-        marker = read_json_object(path / _marker(rank))
+        marker = read_json_object(path / marker_name(rank))
         if marker is None or not isinstance(marker.get("files"), dict):
             problems.append(f"no completion marker from rank {rank}")
             continue
         attempts.add(marker.get("attempt"))
-        expected = [_rank_file(rank), *([LIGHTNING_FILE] if rank == 0 else [])]
+        expected = [rank_file_name(rank), *([LIGHTNING_FILE] if rank == 0 else [])]
         for name in expected:
             recorded = marker["files"].get(name)
-            if not isinstance(recorded, dict) or not isinstance(recorded.get("size"), int):
-                problems.append(f"{_marker(rank)} does not list {name}")
-                continue
-            try:
-                size = (path / name).stat().st_size
-            except FileNotFoundError:
-                problems.append(f"{name} is missing")
-                continue
-            if size != recorded["size"]:
-                problems.append(f"{name} has {size} bytes, its marker says {recorded['size']}")
-            elif check_crc and file_crc32(path / name) != recorded.get("crc32"):
-                problems.append(f"{name} has another CRC32 than its marker records (corrupt)")
+            if recorded is None:
+                problems.append(f"{marker_name(rank)} does not list {name}")
+            elif (problem := file_problem(path, name, recorded, check_crc=check_crc)) is not None:
+                problems.append(problem)
     if len(attempts) > 1:
         problems.append("its markers come from different attempts")
     return problems
@@ -117,9 +104,7 @@ def checkpoint_problems(path: Path, world_size: int, *, check_crc: bool) -> list
 def newest_complete(root: Path, world_size: int) -> Path | None:
     """The newest complete checkpoint under `root` (CRC32s checked), skipping, with a warning, any
     newer one that is incomplete or damaged."""
-    if not root.is_dir():
-        return None
-    for path in sorted(root.glob("step-*"), reverse=True):
+    for _, path in step_dirs(root):
         problems = checkpoint_problems(path, world_size, check_crc=True)
         if not problems:
             return path
@@ -206,7 +191,7 @@ class SlurmddpCallback(_Callback):
         self._restore_signal_handlers()
         self._seen_step = trainer.global_step
         if self._resumed_from is not None:
-            rng = _load_local(self._resumed_from / _rank_file(trainer.global_rank))
+            rng = _load_local(self._resumed_from / rank_file_name(trainer.global_rank))
             self._resume_data(trainer, rng)
 
     def on_train_batch_end(
@@ -309,9 +294,9 @@ class SlurmddpCallback(_Callback):
 
         rank, world_size = trainer.global_rank, trainer.world_size
         root = self.root(trainer)
-        path = root / _step_dir(trainer.global_step)
+        path = root / step_dir_name(trainer.global_step)
         path.mkdir(parents=True, exist_ok=True)
-        marker = path / _marker(rank)
+        marker = path / marker_name(rank)
         if marker.exists():
             # Left by an attempt that died saving this step: gone before the files change under it.
             marker.unlink()
@@ -327,7 +312,8 @@ class SlurmddpCallback(_Callback):
                 "crc32": file_crc32(path / LIGHTNING_FILE),
             }
         state = {"rng": capture_rng_state()}
-        files[_rank_file(rank)] = write_stream_atomic(path / _rank_file(rank), lambda f: torch.save(state, f))
+        own = rank_file_name(rank)
+        files[own] = write_stream_atomic(path / own, lambda f: torch.save(state, f))
         fsync_dir(path)
         write_json(
             marker,

@@ -56,6 +56,7 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from slurmddp.files import fsync_dir, write_json
 from slurmddp.job import stop
+from slurmddp.job.checkpoint.integrity import size_problem
 
 __all__ = ["COMPLETE", "SlurmddpCallback", "auto", "checkpoint_problem", "newest_complete", "resume_point"]
 
@@ -121,12 +122,8 @@ def checkpoint_problem(folder: Path) -> str | None:
     except (OSError, ValueError, KeyError, TypeError) as exc:
         return f"its {COMPLETE} cannot be read ({exc})"
     for name, size in sorted(files.items()):
-        try:
-            found = (folder / name).stat().st_size
-        except OSError:
-            return f"{name} is missing"
-        if found != size:
-            return f"{name} has {found} bytes, its marker says {size}"
+        if (problem := size_problem(folder, name, size)) is not None:
+            return problem
     return None
 
 

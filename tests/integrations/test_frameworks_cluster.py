@@ -3,14 +3,15 @@ teach plus slurmddp's one line (examples/frameworks/), preempted by real `high` 
 drawn at random: both stops are preemptions, no optimizer step is made twice or lost on any rank,
 and the final parameters are bit-identical to an uninterrupted run's. The uninterrupted run is
 made once, locally with the same 4 ranks (gloo sums in the same order over loopback as over the
-lab's bridge), and shared by both Slurm generations."""
+lab's bridge), and shared by both Slurm generations. The Trainer and Lightning scripts also run
+without the line under `integrations: auto`, against the same uninterrupted run."""
 
 from __future__ import annotations
 
 import json
 import random
 import subprocess
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -35,11 +36,16 @@ class Case:
     steps: str = "steps-{rank}.log"
     """Relative to the run directory."""
     digest: str = "digest"
+    settings: tuple[str, ...] = ()
+    """Overrides of the experiment besides its arguments."""
+    reference: str = ""
+    """The case whose uninterrupted run this one must end on (itself when empty)."""
 
     def overrides(self, out: Path) -> tuple[str, ...]:
         return (
             f"entrypoint.args=[{','.join(arg.format(out=out) for arg in self.args)}]",
             f"output_dir={out}",
+            *self.settings,
         )
 
 
@@ -65,6 +71,19 @@ CASES = {
         digest="sha256",
     ),
 }
+# The same scripts without the line: `integrations: auto` adds it when the framework is imported.
+CASES["transformers-auto"] = replace(
+    CASES["transformers"],
+    args=(*CASES["transformers"].args, "--integration", "none"),
+    settings=("integrations=auto",),
+    reference="transformers",
+)
+CASES["lightning-auto"] = replace(
+    CASES["lightning"],
+    args=(*CASES["lightning"].args, "--no-callback"),
+    settings=("integrations=auto",),
+    reference="lightning",
+)
 
 
 def made(run: Path, case: Case, rank: int = 0) -> list[int]:
@@ -89,15 +108,27 @@ def framework(request: pytest.FixtureRequest) -> str:
 
 
 @pytest.fixture(scope="session")
-def reference(framework: str, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, int]:
-    """The uninterrupted run's digest and its number of optimizer steps."""
-    case = CASES[framework]
-    out = tmp_path_factory.mktemp(f"reference-{framework}") / "runs"
-    ranks = ("resources.nodes=1", "resources.tasks_per_node=4")
-    run = finish(submit(out, case.experiment, *ranks, *case.overrides(out)), out)
-    total = len(made(run, case))
-    assert_each_step_once(run, case, total)
-    return str(final(run)[case.digest]), total
+def references(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[str, int]]:
+    """Uninterrupted runs made so far, by case: their digest and number of optimizer steps."""
+    return {}
+
+
+@pytest.fixture
+def reference(
+    framework: str, references: dict[str, tuple[str, int]], tmp_path_factory: pytest.TempPathFactory
+) -> tuple[str, int]:
+    """The uninterrupted run's digest and its number of optimizer steps, made once per case that
+    has its own."""
+    name = CASES[framework].reference or framework
+    if name not in references:
+        case = CASES[name]
+        out = tmp_path_factory.mktemp(f"reference-{name}") / "runs"
+        ranks = ("resources.nodes=1", "resources.tasks_per_node=4")
+        run = finish(submit(out, case.experiment, *ranks, *case.overrides(out)), out)
+        total = len(made(run, case))
+        assert_each_step_once(run, case, total)
+        references[name] = (str(final(run)[case.digest]), total)
+    return references[name]
 
 
 def lab_submit(env: dict[str, str], out: Path, case: Case) -> Path:

@@ -87,19 +87,28 @@ def marker_problems(
 
 
 def file_problem(path: Path, name: str, recorded: Any, *, check_crc: bool) -> str | None:
+    """What is wrong with `name` under `path` against what its marker recorded (`{"size": ...,
+    "crc32": ...}`), or None."""
     if not isinstance(recorded, dict) or not isinstance(recorded.get("size"), int):
         return f"no recorded size for {name}"
-    try:
-        size = (path / name).stat().st_size
-    except FileNotFoundError:
-        return f"{name} is missing"
-    if size != recorded["size"]:
-        return f"{name} has {size} bytes, its marker says {recorded['size']} (truncated or replaced)"
+    problem = size_problem(path, name, recorded["size"])
+    if problem is not None:
+        return f"{problem} (truncated or replaced)"
     if check_crc and recorded.get("crc32") is not None:
         crc = file_crc32(path / name)
         if crc != recorded["crc32"]:
             return f"{name} has CRC32 {crc}, its marker says {recorded['crc32']} (corrupt)"
     return None
+
+
+def size_problem(path: Path, name: str, size: int) -> str | None:
+    """Whether `name` under `path` is missing or of another size than its marker's `size`; None
+    when it is there at that size. The framework integrations' markers record sizes alone."""
+    try:
+        found = (path / name).stat().st_size
+    except OSError:
+        return f"{name} is missing"
+    return None if found == size else f"{name} has {found} bytes, its marker says {size}"
 
 
 def read_json(path: Path) -> Any:
