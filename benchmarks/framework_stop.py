@@ -31,9 +31,15 @@ ROOT = Path(__file__).resolve().parents[1]
 FRAMEWORKS = ROOT / "examples" / "frameworks"
 RANKS = 3
 CASES = {
-    # name: (experiment, its arguments, the arguments that leave the integration out, the step
-    # log of rank R relative to the run directory)
+    # name: (experiment, its arguments ({out}: the run's output_dir), the arguments that leave the
+    # integration out, the step log of rank R relative to the run directory)
     "torchrun": ("torchrun.yaml", "--epochs 6", "--no-slurmddp", "steps-{rank}.log"),
+    "transformers": (
+        "transformers.yaml",
+        "--max-steps 240 --record-steps {out}/steps",
+        "--integration none",
+        "../../steps/rank-{rank}.txt",
+    ),
     "accelerate": ("accelerate.yaml", "--epochs 6 --record-steps", "--no-helper", "steps/rank-{rank}.txt"),
     "lightning": ("lightning.yaml", "--steps 240", "--no-callback", "steps/rank-{rank}.txt"),
 }
@@ -46,7 +52,7 @@ def steps(run: Path, rank: int, log: str) -> list[tuple[int, float]]:
 
 def submit(name: str, out: Path, without: bool = False) -> tuple[subprocess.Popen[str], Path]:
     experiment, args, leave_out, _ = CASES[name]
-    arguments = args.split() + (leave_out.split() if without else [])
+    arguments = args.format(out=out).split() + (leave_out.split() if without else [])
     overrides = [
         f"resources.tasks_per_node={RANKS}",
         "resources.nodes=1",

@@ -13,7 +13,8 @@ tests use: `--integration none|callback|auto` (leave the integration out, add th
 (each rank appends every optimizer step it makes to DIR/rank-R.txt), `--find-unused false` (DDP then
 rebuilds its gradient buckets after the first backward; slurmddp's `ddp.resume_buckets` builds a
 resumed attempt's DDP in the recorded layout, so the resume stays exact), `--save-steps N`,
-`--step-sleep S`.
+`--step-sleep S`, `--report-to tensorboard` (one TensorBoard run, in RUN_DIR/tensorboard, across
+attempts).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import argparse
 import hashlib
 import json
 import os
+import time
 from pathlib import Path
 
 import torch
@@ -59,14 +61,14 @@ def digest(model: torch.nn.Module) -> str:
 
 
 def record_steps(trainer: Trainer, folder: Path) -> None:
-    """Append every optimizer step this rank makes (the step's number, counted from 1) to
-    folder/rank-R.txt: a step made twice, or never, shows there."""
+    """Append every optimizer step this rank makes (the step's number, counted from 1, and the
+    time it ended) to folder/rank-R.txt: a step made twice, or never, shows there."""
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"rank-{trainer.args.process_index}.txt"
 
     def after_step(optimizer: torch.optim.Optimizer, *_: object) -> None:
         with path.open("a") as handle:
-            handle.write(f"{trainer.state.global_step + 1}\n")
+            handle.write(f"{trainer.state.global_step + 1} {time.time()}\n")
 
     register_optimizer_step_post_hook(after_step)
 
@@ -87,6 +89,7 @@ def main() -> None:
         help="ddp_find_unused_parameters (default: Trainer's choice, True for this model)",
     )
     parser.add_argument("--step-sleep", type=float, default=0.0, help="seconds of extra work per step")
+    parser.add_argument("--report-to", default="none", help="TrainingArguments.report_to, e.g. tensorboard")
     args = parser.parse_args()
 
     if args.integration == "auto":
@@ -121,7 +124,7 @@ def main() -> None:
         save_strategy="steps" if args.save_steps else "no",
         save_steps=args.save_steps or 500,
         save_total_limit=2,
-        report_to="none",
+        report_to=args.report_to,
         seed=0,
         use_cpu=True,
         disable_tqdm=True,

@@ -40,6 +40,8 @@ class Case:
     """Overrides of the experiment besides its arguments."""
     reference: str = ""
     """The case whose uninterrupted run this one must end on (itself when empty)."""
+    tensorboard: bool = False
+    """The script logs to TensorBoard: every attempt must write into one run (one directory)."""
 
     def overrides(self, out: Path) -> tuple[str, ...]:
         return (
@@ -60,15 +62,26 @@ CASES = {
     ),
     "transformers": Case(
         "transformers.yaml",
-        ("--max-steps", "120", "--record-steps", "{out}/steps", "--step-sleep", "0.05"),
+        (
+            "--max-steps",
+            "120",
+            "--record-steps",
+            "{out}/steps",
+            "--step-sleep",
+            "0.05",
+            "--report-to",
+            "tensorboard",
+        ),
         steps="../../steps/rank-{rank}.txt",
         digest="sha256",
+        tensorboard=True,
     ),
     "lightning": Case(
         "lightning.yaml",
         ("--steps", "120", "--sleep", "0.05"),
         steps="steps/rank-{rank}.txt",
         digest="sha256",
+        tensorboard=True,  # Lightning's default logger
     ),
 }
 # The same scripts without the line: `integrations: auto` adds it when the framework is imported.
@@ -175,6 +188,10 @@ def test_preempted_twice_at_random_steps_ends_bit_exact(
     assert reasons == ["preemption", "preemption", "completed"], (first, second, reasons)
     assert_each_step_once(run, case, total)
     assert final(run)[case.digest] == digest, f"preempted at steps {first} and {second}"
+    if case.tensorboard:
+        # Each attempt opens its writer at least once, all in one directory: one run continued.
+        events = list(run.glob("**/events.out.tfevents.*"))
+        assert len({path.parent for path in events}) == 1 and len(events) >= 3, events
 
 
 def test_a_script_that_saves_on_sigterm_alone_survives_the_slurm_signal(
