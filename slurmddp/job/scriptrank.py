@@ -48,10 +48,14 @@ def run_script(spec: RankSpec, dist: DistEnv) -> int:
         watch = peerwatch.start(store, dist, spec, child)
         if watch is not None:
             watch.step_of = lambda: scriptrun.read_steps(Path(steps.name))
-        code = _wait_for_script(child, dist, Path(spec.run_dir), Path(steps.name))
+        before = _steps_before(Path(spec.run_dir), AttemptId.of(dist))
+        code = _wait_for_script(child, dist, Path(spec.run_dir), Path(steps.name), before)
         step = scriptrun.read_steps(Path(steps.name))
         finished = scriptrun.read_finished(Path(steps.name))
         stopped_on = scriptrun.read_stopped(Path(steps.name))
+    if dist.rank == 0 and step is not None:
+        # The attempt's last count, which the next attempt goes on from.
+        Progress(before + step, AttemptId.of(dist), time.time()).write(Path(spec.run_dir))
     # A script that stopped by agreement stopped, even where this process heard no signal itself.
     stop = signals.received() or stopped_on
     if stop is None and code < 0 and finished:
@@ -74,7 +78,7 @@ def run_script(spec: RankSpec, dist: DistEnv) -> int:
     if stop is not None:
         if dist.rank == 0:
             Stop(
-                step=None,
+                step=None if step is None else before + step,
                 signal=signals.name(stop),
                 signal_at=signals.received_at(),
                 attempt=AttemptId.of(dist),
@@ -118,9 +122,19 @@ def _script_env(spec: RankSpec, dist: DistEnv, steps: str) -> dict[str, str]:
     return env
 
 
-def _wait_for_script(child: subprocess.Popen[bytes], dist: DistEnv, run_dir: Path, steps: Path) -> int:
-    """The script's exit status; meanwhile rank 0 records the steps made as progress, as ctx.loop
-    does for a function."""
+def _steps_before(run_dir: Path, attempt: AttemptId) -> int:
+    """The optimizer steps the run's earlier attempts made: the newest progress record's, unless
+    this attempt wrote it (a rank that starts late)."""
+    progress = Progress.read(run_dir)
+    return 0 if progress is None or progress.attempt == attempt else progress.step
+
+
+def _wait_for_script(
+    child: subprocess.Popen[bytes], dist: DistEnv, run_dir: Path, steps: Path, before: int
+) -> int:
+    """The script's exit status; meanwhile rank 0 records as progress the optimizer steps made in
+    the run, `before` this attempt's and this attempt's: with an integration, which never makes a
+    step twice, the training step the script is at."""
     shown_at = 0.0
     while True:
         try:
@@ -130,7 +144,7 @@ def _wait_for_script(child: subprocess.Popen[bytes], dist: DistEnv, run_dir: Pat
                 shown_at = time.monotonic()
                 step = scriptrun.read_steps(steps)
                 if step is not None:
-                    Progress(step, AttemptId.of(dist), time.time()).write(run_dir)
+                    Progress(before + step, AttemptId.of(dist), time.time()).write(run_dir)
 
 
 def _after(step: int | None) -> str:

@@ -82,3 +82,14 @@ def assert_each_step_once(run: Path, ranks: int, total: int) -> None:
     for rank in range(ranks):
         done = steps_done(run, rank)
         assert sorted(done) == list(range(1, total + 1)), (rank, [s for s in done if done.count(s) > 1][:5])
+
+
+def assert_records_count_the_steps(run: Path, total: int) -> None:
+    """attempts.jsonl: each attempt ended at the optimizer steps rank 0 had made in the run by then
+    (a script's steps counted across its attempts, as `status` shows them), the last at `total`."""
+    events = [json.loads(line) for line in (run / "attempts.jsonl").read_text().splitlines()]
+    begins = [event["time"] for event in events if event["event"] == "begin"]
+    times = [float(line.split()[-1]) for line in (run / "steps-0.log").read_text().splitlines()]
+    made = [sum(at < begin for at in times) for begin in begins[1:]] + [len(times)]
+    assert [event["step"] for event in events if event["event"] == "end"] == made
+    assert made[-1] == total

@@ -1,7 +1,7 @@
 """A plain torchrun loop with slurmddp's lines (examples/frameworks/torchrun_train.py), 3 local
 ranks, stopped twice at steps drawn at random: no step is lost or made twice, and the final
 parameters are the uninterrupted run's, bit for bit (3 ranks: with 2, a + b == b + a would hide a
-changed summation order)."""
+changed summation order). The run's records count its steps across the attempts."""
 
 from __future__ import annotations
 
@@ -9,7 +9,14 @@ import random
 from pathlib import Path
 
 import pytest
-from framework_runs import assert_each_step_once, final, finish, stop_at, submit
+from framework_runs import (
+    assert_each_step_once,
+    assert_records_count_the_steps,
+    final,
+    finish,
+    stop_at,
+    submit,
+)
 
 RANKS = ("resources.nodes=1", "resources.tasks_per_node=3")
 TOTAL = 6 * (960 // 3 // 8)  # epochs x batches per rank and epoch
@@ -36,3 +43,4 @@ def test_stopped_twice_at_random_steps_ends_on_the_uninterrupted_weights(
     run = finish(proc, out)
     assert_each_step_once(run, 3, TOTAL)
     assert final(run) == reference, f"stopped at {first} and {second}"
+    assert_records_count_the_steps(run, TOTAL)
