@@ -82,6 +82,8 @@ class PeerWatch:
         self._lock = threading.Lock()
         self._peers: dict[socket.socket, int | None] = {}
         self._conn: socket.socket | None = None
+        self._welcomed = threading.Event()
+        """A rank other than 0: rank 0 took it in, so it watches rank 0 from now on."""
         self._buffers: dict[socket.socket, bytes] = {}
         self._said_bye: set[int] = set()
         self._crashed: set[int] = set()
@@ -242,14 +244,13 @@ class PeerWatch:
             _send(conn, str(self._dist.rank).encode())
         # Watched only once rank 0 took this rank in: a rank 0 that left in order before it did
         # (a short script) drops the connection unanswered, which is no death.
-        welcomed = False
         pending = b""
         while True:
             chunk = _recv(conn)
             if self._left.is_set():
                 return
             if chunk is None:
-                if welcomed:
+                if self._welcomed.is_set():
                     self._on_lost(
                         f"rank 0 on {self._host(0)} ended without a word (killed, or its node lost), "
                         "so the step cannot go on"
@@ -258,7 +259,7 @@ class PeerWatch:
             *lines, pending = (pending + chunk).split(b"\n")
             for line in lines:
                 if line == _WELCOME:
-                    welcomed = True
+                    self._welcomed.set()
                 elif line == _BYE:
                     return  # rank 0 finished in order: nothing left to watch
                 elif line.startswith(_LOST):

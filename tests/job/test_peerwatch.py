@@ -44,8 +44,8 @@ world = len(hosts)
 store = TCPStore("127.0.0.1", port, world, rank == 0, timedelta(seconds=30), wait_for_workers=False)
 dist = DistEnv(rank, 0, world, 1, rank, world, "127.0.0.1", port, "7", 0, None)
 watch = peerwatch.PeerWatch(store, dist, run_dir, hosts, lambda message: print("LOST", message, flush=True))
-while rank and watch._conn is None:  # connected, and so known to rank 0, before it is killed
-    time.sleep(0.01)
+if rank:  # taken in by rank 0, and so watched, before it is killed
+    watch._welcomed.wait(30)
 print("READY", flush=True)
 time.sleep(600)
 """
@@ -106,11 +106,9 @@ def connected(ranks: list[Rank], children: int) -> None:
 
 
 def following(rank: Rank) -> None:
-    """Wait until a rank other than 0 holds its connection to rank 0."""
-    deadline = time.monotonic() + WAIT_S
-    while rank.watch._conn is None:
-        assert time.monotonic() < deadline, f"rank {rank.dist.rank} never connected"
-        time.sleep(0.01)
+    """Wait until rank 0 took a rank other than 0 in: a rank 0 killed before it answered looks, to
+    that rank, like one that left in order first (PeerWatch._follow)."""
+    assert rank.watch._welcomed.wait(WAIT_S), f"rank {rank.dist.rank} was never taken in"
 
 
 def test_a_node_whose_ranks_are_killed_ends_every_other_rank_and_is_suspected(tmp_path: Path) -> None:
