@@ -193,6 +193,7 @@ class SlurmddpCallback(_Callback):
         if self._resumed_from is not None:
             rng = _load_local(self._resumed_from / rank_file_name(trainer.global_rank))
             self._resume_data(trainer, rng)
+            _count_the_next_epoch(trainer.fit_loop)
 
     def on_train_batch_end(
         self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int
@@ -369,6 +370,18 @@ class SlurmddpCallback(_Callback):
             restore_rng_state(rng["rng"])
 
 
+def _count_the_next_epoch(loop: Any) -> None:
+    """Resumed from the last batch of an epoch, Lightning 2.6.6 ends that epoch in
+    `fit_loop.reset()`, but still "restarted mid-epoch" it starts the next one without counting it
+    ready and started (and without `on_train_epoch_start`). A checkpoint saved in that epoch then
+    holds one epoch too few, and its resume gives the samplers the epoch before (the data order of
+    a run stopped at two epoch ends in a row was not the uninterrupted run's). Cleared, the next
+    epoch starts as in a run that never stopped."""
+    batches = getattr(getattr(loop, "epoch_loop", None), "batch_progress", None)
+    if getattr(loop, "restarted_mid_epoch", False) and getattr(batches, "is_last_batch", False):
+        loop.reset_restart_stage()
+
+
 def _repoint(logger: Any, version: Any, remove_opened: bool) -> None:
     """Point `logger` at `version`. Lightning opened this attempt's writer in a new version's
     directory before any callback's setup ran (to have the loggers' metadata early); that writer
@@ -379,8 +392,9 @@ def _repoint(logger: Any, version: Any, remove_opened: bool) -> None:
         close()
     logger._experiment = None
     logger._version = version
-    ours = opened.is_dir() and all(p.stat().st_mtime >= _IMPORTED_AT for p in opened.rglob("*"))
-    if remove_opened and ours:
+    # Only rank 0 looks: the other ranks would race its removal. A directory holding anything
+    # older than this process is another run's, and stays.
+    if remove_opened and opened.is_dir() and all(_mtime(p) >= _IMPORTED_AT for p in opened.rglob("*")):
         shutil.rmtree(opened, ignore_errors=True)
 
 

@@ -184,6 +184,17 @@ def test_with_accumulation_a_stop_mid_epoch_and_one_at_its_end_resume_exactly(tm
     assert_every_step_once(run, 30)
 
 
+def test_stops_at_two_epoch_ends_in_a_row_resume_exactly(tmp_path: Path, reference: str) -> None:
+    """25 batches an epoch: USR2 raised in every rank after steps 24 and 49 stops them after steps
+    25 and 50, each its epoch's last. Lightning 2.6.6 did not count the epoch that a resume at an
+    epoch's end starts, so the second resume gave the samplers the epoch before."""
+    run = finish(submit(tmp_path, "--signal-at", "24", "49"), tmp_path)
+    log = rank0_log(run)
+    assert "lightning_checkpoints/step-00000025" in log and "lightning_checkpoints/step-00000050" in log
+    assert digest(run) == reference
+    assert_every_step_once(run)
+
+
 # -- in this process: no ranks, no job (should_stop() is False) ------------------------------------
 
 
