@@ -55,7 +55,8 @@ class Run:
             text = (self.steps_dir / f"rank-{rank}.txt").read_text()
         except OSError:
             return []
-        return [int(line) for line in text.splitlines() if line.strip().isdigit()]
+        # Each line: the step, then the time it ended.
+        return [int(line.split()[0]) for line in text.splitlines() if line.strip()]
 
     def resumes(self) -> int:
         run = self.run_dir()
