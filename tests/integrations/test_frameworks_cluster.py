@@ -121,7 +121,7 @@ def framework(request: pytest.FixtureRequest) -> str:
 
 
 @pytest.fixture(scope="session")
-def references(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[str, int]]:
+def references() -> dict[str, tuple[str, int]]:
     """Uninterrupted runs made so far, by case: their digest and number of optimizer steps."""
     return {}
 
