@@ -48,7 +48,6 @@ methods, so `import slurmddp` stays light and this module type-checks without ac
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import sys
 from collections.abc import Iterator
@@ -59,13 +58,12 @@ from typing import Any
 from slurmddp import files
 from slurmddp.errors import CheckpointError
 from slurmddp.job import stop
-from slurmddp.job.checkpoint.integrity import size_problem
+from slurmddp.job.checkpoint.integrity import size_problem, step_dir_name, step_dirs
 from slurmddp.job.checkpoint.rng import capture_rng_state, restore_rng_state
 
 MARKER = "slurmddp-complete.json"
 """Written by rank 0 last, once every rank's save_state returned and its files are durable."""
 RANK_FILE = "slurmddp-rank-{rank:05d}.pt"
-STATE_DIR = re.compile(r"^step-(\d{8,})$")
 DAMAGED = "damaged"
 FOLDER = "accelerate"
 """The default folder under `$SLURMDDP_RUN_DIR`."""
@@ -90,7 +88,7 @@ class Candidate:
 
 
 def state_dir(folder: Path, step: int) -> Path:
-    return folder / f"step-{step:08d}"
+    return folder / step_dir_name(step)
 
 
 def check_complete(path: Path) -> Candidate | str:
@@ -116,18 +114,9 @@ def check_complete(path: Path) -> Candidate | str:
 def complete_states(folder: Path) -> tuple[list[Candidate], list[str]]:
     """The complete state directories under `folder`, newest first, and a warning for each
     directory skipped."""
-    found: list[tuple[int, Path]] = []
-    try:
-        entries = list(folder.iterdir())
-    except FileNotFoundError:
-        return [], []
-    for entry in entries:
-        match = STATE_DIR.match(entry.name)
-        if match and entry.is_dir():
-            found.append((int(match.group(1)), entry))
     candidates: list[Candidate] = []
     skipped: list[str] = []
-    for _, path in sorted(found, reverse=True):
+    for _, path in step_dirs(folder):
         checked = check_complete(path)
         if isinstance(checked, Candidate):
             candidates.append(checked)
@@ -319,10 +308,9 @@ class Resumable:
         for old in candidates[self.keep_last :]:
             shutil.rmtree(old.path, ignore_errors=True)
         kept = {candidate.path for candidate in candidates}
-        for entry in self.folder.iterdir():
-            match = STATE_DIR.match(entry.name)
-            if match and int(match.group(1)) < self.global_step and entry not in kept:
-                shutil.rmtree(entry, ignore_errors=True)
+        for step, path in step_dirs(self.folder):
+            if step < self.global_step and path not in kept:
+                shutil.rmtree(path, ignore_errors=True)
 
     # --- resuming -------------------------------------------------------------------------------
 

@@ -413,18 +413,13 @@ def _load_local(path: Path) -> dict[str, Any]:
 
 
 def _prune(root: Path, world_size: int, keep: int) -> None:
-    import shutil
-
-    complete = [
-        p
-        for p in sorted(root.glob("step-*"), reverse=True)
-        if not checkpoint_problems(p, world_size, check_crc=False)
-    ]
+    dirs = step_dirs(root)
+    complete = [step for step, path in dirs if not checkpoint_problems(path, world_size, check_crc=False)]
     if len(complete) < keep:
         return
     oldest_kept = complete[keep - 1]
-    for path in root.glob("step-*"):
-        if path.name < oldest_kept.name:
+    for step, path in dirs:
+        if step < oldest_kept:
             shutil.rmtree(path, ignore_errors=True)
 
 
