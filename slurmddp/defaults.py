@@ -47,6 +47,9 @@ EXIT_RESTART_IN_JOB = 4
 new srun step of the same allocation (requeue.in_job_restarts)."""
 IN_JOB_RESTART_ENV = "SLURMDDP_IN_JOB_RESTART"
 """The batch script's count of restarts in this allocation, exported for `attempts` and the ranks."""
+SLURMD_PORT_ENV = "SLURMDDP_SLURMD_PORT"
+"""Set by the batch script: the port slurmd listens on, which the peer watch knocks at to tell a
+node that stopped answering from a rank that died (job/liveness.py)."""
 LOCAL_REQUEUE_STATUS = 144
 """submitit's local controller reruns every task when one exits with this status (submitit 1.5)."""
 

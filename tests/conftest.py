@@ -51,6 +51,8 @@ from process_rule import (
     processes_refused,
 )
 
+from slurmddp.cluster.slurm import retrying
+
 ROOT = Path(__file__).resolve().parents[1]
 """The repository: examples/, configs/ and templates/ are read from there."""
 QUICKSTART = ROOT / "examples" / "quickstart.yaml"
@@ -345,23 +347,42 @@ def lab_exports(line: str, env: Mapping[str, str]) -> dict[str, str]:
     return names
 
 
+SLURM_PATIENCE_S = 60.0
+"""How long the tests' Slurm commands ride out a blip of the lab's slurmctld or slurmdbd: with
+several labs on 2 cores, slurmctld once missed squeue's MessageTimeout (24.11, "Socket timed out
+on send/recv operation")."""
+
+
+def slurm_command(
+    args: Sequence[str], env: Mapping[str, str], *, check: bool = False, patience: float = SLURM_PATIENCE_S
+) -> subprocess.CompletedProcess[str]:
+    """A Slurm client command run with `env`, output captured, and run again while it fails on an
+    error the package's own calls ride out too (slurm.may_retry: a transient one, where running
+    the command twice is safe), for up to `patience` seconds. With `check`, a failure that remains
+    raises RuntimeError with what the command said."""
+    proc = retrying(
+        args,
+        lambda: subprocess.run(list(args), env=dict(env), capture_output=True, text=True, check=False),
+        patience,
+    )
+    if check and proc.returncode != 0:
+        said = proc.stderr.strip() or proc.stdout.strip() or f"exit status {proc.returncode}"
+        raise RuntimeError(f"{' '.join(args)} failed: {said}")
+    return proc
+
+
 def wait_for_job(job_id: str, env: Mapping[str, str], timeout: float = 120.0, poll: float = 0.5) -> str:
     """Wait until Slurm job `job_id` has ended and return its final state from sacct.
 
     Polls `squeue -h -j ID` (not `sbatch -W`, which polls after 2, 8, then 32 s). A requeued job
     counts as running until its last run ends. The state is sacct's first word ("CANCELLED by 0"
     -> "CANCELLED"); for a whole array, the distinct task states joined by "," (pass "ID_N" for one
-    task). Raises TimeoutError when the job is still queued or running after `timeout` seconds.
+    task). Raises TimeoutError when the job is still queued or running after `timeout` seconds,
+    RuntimeError when squeue fails other than on a blip of slurmctld (`slurm_command`).
     """
     deadline = time.monotonic() + timeout
     while True:
-        proc = subprocess.run(
-            ["squeue", "-h", "-j", job_id, "-o", "%T"],
-            env=dict(env),
-            capture_output=True,
-            text=True,
-            check=False,
-        )
+        proc = slurm_command(["squeue", "-h", "-j", job_id, "-o", "%T"], env)
         # Once the job is gone from slurmctld (MinJobAge), squeue says "Invalid job id" and fails.
         if proc.returncode != 0 and "Invalid job id" not in proc.stderr:
             raise RuntimeError(f"squeue -j {job_id} failed: {proc.stderr.strip()}")
@@ -376,13 +397,7 @@ def wait_for_job(job_id: str, env: Mapping[str, str], timeout: float = 120.0, po
     final: list[str] = []
     sacct_deadline = time.monotonic() + 15.0
     while True:
-        proc = subprocess.run(
-            ["sacct", "-X", "-n", "-P", "-j", job_id, "-o", "State"],
-            env=dict(env),
-            capture_output=True,
-            text=True,
-            check=False,
-        )
+        proc = slurm_command(["sacct", "-X", "-n", "-P", "-j", job_id, "-o", "State"], env)
         final = [line.split()[0] for line in proc.stdout.splitlines() if line.strip()]
         if proc.returncode == 0 and final and all(state in TERMINAL_STATES for state in final):
             return ",".join(sorted(set(final)))

@@ -81,6 +81,13 @@ def parsers() -> dict[str, argparse.ArgumentParser]:
     )
     run_arg(resubmit)
     resubmit.add_argument("--failed", action="store_true", help="a sweep's elements that failed")
+    resubmit.add_argument(
+        "--forget-exclusions",
+        action="store_true",
+        help="forget the nodes the run (a sweep: its failed elements) left out after faults "
+        "(RUN_DIR/excluded.json, listed by status): they may be given ranks again; your own "
+        "resources.exclude stays",
+    )
     wait_arg(resubmit, "follow the run to its end and exit with its status (default: only for local runs)")
     resubmit.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="e.g. resources.nodes=1")
     resubmit.set_defaults(func=_resubmit)
@@ -158,12 +165,12 @@ def _resubmit(args: argparse.Namespace) -> int:
                 f"resubmit --failed takes no overrides ({args.overrides[0]!r}): a sweep's elements go "
                 "again as they were; resubmit an element's directory on its own to change it"
             )
-        again = actions.resubmit_failed(str(target.dir), sys.argv)
+        again = actions.resubmit_failed(str(target.dir), sys.argv, args.forget_exclusions)
         for note in again.notes:
             print(f"slurmddp: {note}")
         print(f"slurmddp: resubmitted elements {', '.join(map(str, again.indices))} as job {again.job_id}")
         return 0
-    done = actions.resubmit_run(str(target.dir), args.overrides, sys.argv)
+    done = actions.resubmit_run(str(target.dir), args.overrides, sys.argv, args.forget_exclusions)
     for note in done.notes:
         print(f"slurmddp: {note}")
     sub = done.submission

@@ -4,6 +4,8 @@ be tested without a cluster; the functions that run a command return plain value
 
 A command that fails for a reason outside the user's input (slurmctld down, a refused scancel)
 raises SlurmCommandError; "that job is not in the queue" is an answer (None or ""), not an error.
+A command that fails on a blip of slurmctld or slurmdbd (a timeout under load, a restart) is run
+again for a while first (`run`, `may_retry`), where running it twice is safe.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import shutil
 import signal as signals
 import subprocess
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Literal, cast, get_args
 
@@ -60,7 +62,12 @@ _NO_TIME = frozenset({"", "None", "N/A", "Unknown"})
 
 
 def run(args: Sequence[str], stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-    """Run one Slurm command and capture its output; a missing command is a SlurmCommandError."""
+    """Run one Slurm command and capture its output, run again while it fails on a blip of
+    Slurm's daemons (`retrying`); a missing command is a SlurmCommandError."""
+    return retrying(args, lambda: _run_once(args, stdin))
+
+
+def _run_once(args: Sequence[str], stdin: str | None) -> subprocess.CompletedProcess[str]:
     try:
         return subprocess.run(list(args), input=stdin, capture_output=True, text=True, check=False)
     except OSError as exc:
@@ -69,6 +76,115 @@ def run(args: Sequence[str], stdin: str | None = None) -> subprocess.CompletedPr
 
 def _said(proc: subprocess.CompletedProcess[str]) -> str:
     return proc.stderr.strip() or proc.stdout.strip()
+
+
+# ---- riding out a blip of slurmctld or slurmdbd ----
+
+TRANSIENT_ERRORS: tuple[str, ...] = (
+    # slurmctld took the request but did not answer within MessageTimeout: busy (seen from squeue on
+    # the 24.11 lab under load, "slurm_load_jobs error: Socket timed out on send/recv operation").
+    "Socket timed out on send/recv operation",
+    # The connection closed before a whole message crossed it: a daemon restarting or overloaded.
+    "Zero Bytes were transmitted or received",
+    # SLURMCTLD_COMMUNICATIONS_{CONNECTION,SEND,RECEIVE,SHUTDOWN}_ERROR: no controller reachable
+    # for now (a restart, a fail-over), after the client's own tries for MessageTimeout.
+    "Unable to contact slurm controller",
+    "Slurm backup controller in standby mode",
+    "Controller is in standby mode",
+    # slurmctld's rate limiting (SlurmctldParameters=rl_enable): "please retry momentarily".
+    "Rate limit exceeded",
+    # The sockets' own errors, talking to slurmctld or slurmdbd (one restarting, or swamped).
+    "Connection refused",
+    "Connection reset by peer",
+    "Connection timed out",
+    "Transport endpoint is not connected",
+    "Communication connection failure",
+    "Unable to connect to database",
+    # sacct and sacctmgr when slurmdbd does not answer; a slurmdbd that is stopped makes them say
+    # "Problem talking to the database: Resource temporarily unavailable" (22.05.8, after 45 s).
+    "Problem talking to the database",
+)
+"""What Slurm's commands say when a daemon missed a request but may well answer a moment later.
+Not "Resource temporarily unavailable": sbatch says it at MaxJobCount, which lasts minutes."""
+
+UNDELIVERED_ERRORS: tuple[str, ...] = (
+    "Unable to contact slurm controller (connect failure)",
+    "Connection refused",
+    "Slurm backup controller in standby mode",
+    "Controller is in standby mode",
+    "Rate limit exceeded",
+)
+"""The transient errors that prove the request was never acted on (no connection, or refused
+unread): after them even a submission or a signal may be sent again. After a timeout the first
+one may have been acted on, its answer lost."""
+
+RETRY_S: float = 20
+"""For how long after its first transient failure a command is run again: a restarting slurmctld
+answers within seconds, a busy one may miss one more MessageTimeout, and a job's end
+(attempts.end) asks squeue twice and must still requeue within its signal's lead."""
+RETRY_FIRST_PAUSE_S: float = 0.5
+RETRY_MAX_PAUSE_S: float = 5
+
+
+def transient(said: str) -> bool:
+    """Whether a failed Slurm command's message is a blip of slurmctld or slurmdbd (TRANSIENT_ERRORS)."""
+    return _mentions(said, TRANSIENT_ERRORS)
+
+
+def _mentions(said: str, errors: Iterable[str]) -> bool:
+    lowered = said.lower()
+    return any(error.lower() in lowered for error in errors)
+
+
+def repeatable(args: Sequence[str]) -> bool:
+    """Whether running a Slurm command twice does no more than running it once: reads, and the
+    changes that set a state (scancel of a job, scontrol update and release). Not a submission, a
+    signal (scancel --signal) or a requeue: a first try that reached slurmctld before its answer
+    was lost has acted already, and a requeued job may be running again by the second."""
+    tool = args[0].rsplit("/", 1)[-1] if args else ""
+    rest = list(args[1:])
+    if tool in ("squeue", "sacct", "sinfo"):
+        return True
+    if tool == "sacctmgr":
+        return bool({"show", "list"} & set(rest))
+    if tool == "sbatch":
+        return bool({"--test-only", "--version"} & set(rest))
+    if tool == "scancel":
+        return not any(arg.startswith(("--signal", "-s")) for arg in rest)
+    if tool == "scontrol":
+        verb = next((arg for arg in rest if not arg.startswith("-")), "")
+        return verb in ("show", "ping", "update", "release")
+    return False
+
+
+def may_retry(args: Sequence[str], said: str) -> bool:
+    """Whether a Slurm command that failed saying `said` may be run again: the failure is
+    transient, and either the command is repeatable or the request never reached the daemon."""
+    return transient(said) and (repeatable(args) or _mentions(said, UNDELIVERED_ERRORS))
+
+
+def retrying(
+    args: Sequence[str],
+    attempt: Callable[[], subprocess.CompletedProcess[str]],
+    patience: float | None = None,
+) -> subprocess.CompletedProcess[str]:
+    """`attempt()`, which runs the Slurm command `args`, again while it fails in a way `may_retry`
+    allows, with pauses growing from RETRY_FIRST_PAUSE_S, for up to `patience` seconds (RETRY_S)
+    after its first failure; its last answer, a failure too."""
+    deadline: float | None = None
+    pause = RETRY_FIRST_PAUSE_S
+    while True:
+        proc = attempt()
+        if proc.returncode == 0 or not may_retry(args, _said(proc)):
+            return proc
+        # From the first failure, not the first try: a client that waited out MessageTimeout
+        # (twice, for squeue on 22.05.8; 45 s for sacct) would otherwise leave no time to retry.
+        now = time.monotonic()
+        deadline = now + (RETRY_S if patience is None else patience) if deadline is None else deadline
+        if now + pause > deadline:
+            return proc
+        time.sleep(pause)
+        pause = min(2 * pause, RETRY_MAX_PAUSE_S)
 
 
 def _checked(args: Sequence[str], stdin: str | None = None) -> str:
@@ -89,7 +205,9 @@ unreachable one keeps scontrol retrying for MessageTimeout (10 s by default) or 
 
 
 def controller_silence() -> str | None:
-    """Why no Slurm controller answers (the last line `scontrol ping` said), or None when one does."""
+    """Why no Slurm controller answers (the last line `scontrol ping` said), or None when one does.
+    Asked once, not `retrying`: the question is whether one answers now, and a controller that is
+    down makes scontrol say so ("is DOWN"), not a transient error."""
     try:
         proc = subprocess.run(["scontrol", "ping"], capture_output=True, text=True, timeout=PING_TIMEOUT_S)
     except OSError as exc:
@@ -388,6 +506,9 @@ def final_state(job_id: str, tries: int = 10) -> JobState:
         states = [as_state(line) for line in proc.stdout.splitlines() if line.strip()]
         if proc.returncode == 0 and states and states[-1] not in _NOT_ENDED:
             return states[-1]
+        if proc.returncode != 0 and transient(_said(proc)):
+            # run() waited RETRY_S for slurmdbd already; the next tries would each wait as long.
+            break
         time.sleep(1)
     return "UNKNOWN"
 

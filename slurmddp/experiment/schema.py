@@ -202,6 +202,17 @@ class Dist:
     after which every rank writes its threads' stacks to RUN_DIR/hangs/ and the attempt ends as a
     failure, requeued within requeue.max_failures. Unset: 20 times the slowest step seen, at least
     300 s. 0: no watchdog. Function entrypoints only (a script's steps are not seen)."""
+    start_timeout_s: int = 900
+    """Seconds from a rank's start to its first progress (ctx.loop's first step, made on every
+    rank; without ctx.loop, a ctx.log/reduce/gather or an evaluation batch; in a script, its first
+    optimizer step or DataLoader batch), after which every rank still starting writes its stacks to
+    RUN_DIR/hangs/, the failure record names the start-up hang, the ranks that hold it up and their
+    phase (loading, rendezvous, process group, preflight, setup, first step), and the attempt ends
+    as a failure, requeued within requeue.max_failures. The rendezvous waits past it, not timeout_s
+    (a script's own init_process_group keeps its own timeout). 900 s, because a sound
+    start can take minutes (imports and a checkpoint read on a cold parallel file system,
+    torch.compile's first steps) and ending one burns the failure budget, while a hang caught 15
+    minutes in still frees the allocation hours before its time limit. 0: off."""
     launcher: Launcher = "auto"
     """Where rank, size and local rank come from: `slurm` (Slurm's task variables), `mpi` (mpi4py:
     under mpiexec/mpirun, or srun with an MPI plugin), or `auto` (MPI only when a rank runs under an
@@ -223,6 +234,11 @@ class Dist:
             raise ConfigError(
                 f"dist.hang_timeout_s: {self.hang_timeout_s} s is too short to tell a hang from a slow "
                 "step; give at least 10, 0 to turn the watchdog off, or leave it unset (automatic)"
+            )
+        if self.start_timeout_s != 0 and self.start_timeout_s < 10:
+            raise ConfigError(
+                f"dist.start_timeout_s: {self.start_timeout_s} s is shorter than a rank takes to import "
+                "torch and meet the others; give at least 10, or 0 to turn the start-up watchdog off"
             )
 
 

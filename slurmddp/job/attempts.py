@@ -43,6 +43,7 @@ from slurmddp.job.requeue import (
     leave_out_failed_nodes,
     progress_step,
     requeue_target,
+    signature,
     step_hosts,
 )
 from slurmddp.layout import STEP_HOSTS
@@ -168,6 +169,7 @@ def end(
             status=status,
             attempt_id=me,
             in_job=decision.in_job,
+            signature=decision.signature,
         )
         records.append_attempt(run_dir, ended)
         print(f"slurmddp: attempt ended: {decision.message}", file=sys.stderr)
@@ -220,6 +222,7 @@ def end_local(run_dir: Path, attempt: AttemptId, status: int, now: float) -> End
         attempt=max(0, len(records.begins(events)) - 1),
         status=status,
         attempt_id=attempt,
+        signature=decision.signature,
     )
     records.append_attempt(run_dir, ended)
     return ended
@@ -237,7 +240,9 @@ def decide_local(run_dir: Path, attempt: AttemptId, status: int, era: list[recor
         step = failure.step if failure is not None else progress_step(run_dir)
         where = f" at step {step}" if step is not None else ""
         error = f": {failure.error}" if failure is not None else f" (rank 0 left with status {status})"
-        return Decision("failure", step, False, f"failure{where}{error}; a local run is not retried")
+        message = f"failure{where}{error}; a local run is not retried"
+        # Recorded as on Slurm, for whoever reads the run: what failed, not only that it did.
+        return Decision("failure", step, False, message, signature=signature(failure, status, step))
     reason, why = _local_reason(run_dir, attempt, stop)
     allowed = Settings.of_run(run_dir).budget(reason)
     used = sum(1 for e in records.ends(era) if e.reason == reason) + 1

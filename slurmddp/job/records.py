@@ -222,6 +222,9 @@ class Failure:
     suspect_hosts: dict[str, str] | None = None
     """Hosts whose every rank died while other nodes' ranks lived on (job/peerwatch.py): likely,
     not proven, broken; a spare node takes their place where one is left, else they stay."""
+    exit_status: int | None = None
+    """A script rank: the status the script exited with (negative: the signal that ended it),
+    which tells one script failure from another where no Python exception reached slurmddp."""
 
     @classmethod
     def read_for(cls, run_dir: Path, attempt: AttemptId) -> Failure | None:
@@ -261,6 +264,7 @@ class Failure:
             data.get("message"),
             CodeSite.from_json(data.get("where")),
             data.get("suspect_hosts"),
+            data.get("exit_status"),
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -273,6 +277,7 @@ class Failure:
             "message": self.message,
             "where": None if self.where is None else vars(self.where),
             "suspect_hosts": self.suspect_hosts,
+            "exit_status": self.exit_status,
         }
         return {
             "step": self.step,
@@ -357,9 +362,17 @@ class End:
     """None where written from outside the attempt (a cancel, an attempt found killed)."""
     in_job: bool = False
     """Went around again as a new step of the same allocation, not through the queue."""
+    signature: str | None = None
+    """A failure: what failed (job/requeue.py's `signature`), which the next attempt's failure is
+    compared with; None for other ends, and in runs of versions before it."""
 
     def to_json(self) -> dict[str, Any]:
-        known = {"attempt": self.attempt, "status": self.status, "in_job": self.in_job or None}
+        known = {
+            "attempt": self.attempt,
+            "status": self.status,
+            "in_job": self.in_job or None,
+            "signature": self.signature,
+        }
         return {
             "event": "end",
             "reason": self.reason,
@@ -417,6 +430,7 @@ def _event(data: Mapping[str, Any]) -> AttemptEvent:
             data.get("status"),
             AttemptId.from_json(data) if "job_id" in data else None,
             bool(data.get("in_job")),
+            data.get("signature"),
         )
     return Resubmit(
         float(data.get("time") or 0.0), list(data.get("argv", [])), data.get("changed"), data.get("ranks")

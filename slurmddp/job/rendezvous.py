@@ -28,6 +28,9 @@ if TYPE_CHECKING:
     from torch._C._distributed_c10d import Store
 
 EXITED_KEY = "slurmddp/exited"
+ARRIVED_KEY = "slurmddp/arrived"
+"""The ranks that checked in at the start, appended as `R ` each."""
+ALL_ARRIVED_KEY = "slurmddp/all-arrived"
 POLL_S = 0.05
 
 
@@ -45,6 +48,33 @@ def open_store(dist: DistEnv, timeout_s: float) -> Store:
         # init_process_group (or the script's own rendezvous) is the barrier at the start.
         wait_for_workers=False,
     )
+
+
+def arrive(store: Store, dist: DistEnv, timeout_s: float, seen: Callable[[list[int]], None]) -> None:
+    """Check this rank in and wait, at most `timeout_s`, until every rank has, before the process
+    group forms (whose own wait is bounded by dist.timeout_s, and whose NCCL flavour does not wait
+    at all). Rank 0 tells `seen` who has checked in as they do: the start-up watchdog names the
+    ranks that never came, and its thread must not ask the store itself (job/watchdog.py)."""
+    # One key rank 0 reads whole, however many ranks; in torch's Store since 2.1, not in its stub.
+    store.append(ARRIVED_KEY, f"{dist.rank} ")  # type: ignore[attr-defined]
+    if dist.rank != 0:
+        store.wait([ALL_ARRIVED_KEY], timedelta(seconds=timeout_s))
+        return
+    deadline = time.monotonic() + timeout_s
+    arrived: list[int] = []
+    while len(arrived) < dist.world_size:
+        # Polled: a wait that times out logs a warning each time it does.
+        if time.monotonic() > deadline:
+            raise DistEnvError(
+                f"{dist.world_size - len(arrived)} rank(s) did not reach the rendezvous in {timeout_s:.0f} s"
+            )
+        now = sorted(int(rank) for rank in store.get(ARRIVED_KEY).split())
+        if now != arrived:
+            arrived = now
+            seen(arrived)
+        else:
+            time.sleep(POLL_S)
+    store.set(ALL_ARRIVED_KEY, "1")
 
 
 def exit_barrier(store: Store, dist: DistEnv, timeout_s: float, stopping: Callable[[], bool]) -> bool:

@@ -4,9 +4,10 @@ next attempt leaves out. It reads the run's records (job/records.py) and its set
 
 from __future__ import annotations
 
+import signal
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -20,7 +21,7 @@ from slurmddp.defaults import EndReason, RequeueReason
 from slurmddp.errors import ConfigError
 from slurmddp.experiment.schema import Requeue, Resources
 from slurmddp.job import records
-from slurmddp.job.records import AttemptId, Begin, Exclusions, Failure, Interrupt, Stop
+from slurmddp.job.records import AttemptId, Begin, End, Exclusions, Failure, Interrupt, Stop
 from slurmddp.layout import CONFIG
 
 PreemptTime = Callable[[str], str | None]
@@ -93,6 +94,8 @@ class Decision:
     """Hosts found bad in this attempt, with why: the requeued job runs without them."""
     in_job: bool = False
     """Goes around again as a new srun step of this allocation, not through the queue."""
+    signature: str | None = None
+    """A failure: what failed (`signature`), for the next attempt's decision."""
 
 
 def decide(
@@ -105,7 +108,13 @@ def decide(
     partition_nodes: PartitionNodes = slurm.partition_nodes,
     failed_nodes: FailedNodes = slurm.failed_nodes,
 ) -> Decision:
-    """How this attempt ended and whether the job goes around again."""
+    """How this attempt ended and whether the job goes around again.
+
+    srun's status 128 + the stop signal (140 for USR2) means the signal itself ended a rank, one
+    that had no handler yet (a task still starting): Slurm asked the job to stop (seen on 22.05
+    with a 1-minute time limit), and srun never sends that signal after a crash. It is a stop,
+    whatever a rank recorded after it (rank 0 hears that rank end without a word), and without a
+    stop record (no rank got to save) it is one at the step the next attempt resumes near."""
     me = AttemptId.from_env(env)
     stop = Stop.read_for(run_dir, me)
     failure = Failure.read_for(run_dir, me)
@@ -115,87 +124,211 @@ def decide(
     # gathering their results). That is completion, whatever status srun then reported.
     if (stop is None and status == 0) or records.completed_by(run_dir, me):
         return Decision("completed", progress_step(run_dir), False, "completed")
-    reason: RequeueReason = "failure"
+    killed_by = stop_signal_death(status, settings)
+    if killed_by is not None and stop is None:
+        stop = Stop(progress_step(run_dir), killed_by, None, me, time.time())
     why = ""
-    if stop is not None and not _crashed_first(failure, stop):
-        reason, why = _classify(run_dir, me, env, stop, settings, preempt_time, time_left)
-    leave_out: dict[str, str] = {}
-    if reason == "failure":
-        # Without a crash record, or with one that has no step (a rank killed without a word), the
-        # step this attempt reached: one that died before its first step (a node gone under its
-        # start) did not crash where the attempt before it did.
-        step = failure.step if failure and failure.step is not None else progress_step(run_dir, me)
-        if failure and failure.cause:
-            why = f" ({failure.cause})"
-        known = set(Exclusions.read(run_dir).hosts) | settings.user_excluded()
-        found = {h: r for h, r in ((failure and failure.bad_hosts) or {}).items() if h not in known}
-        began = records.begins(era)
-        previous = began[-1].nodes if began else ""
-        down = went_down(began[-1], known, failed_nodes) if began else {}
-        if down:
-            # A node failure, not srun ending the ranks after a crash, whatever the ranks saw.
-            why = f" ({'; '.join(f'{host} {text}' for host, text in sorted(down.items()))})"
-            found = {**found, **down}
-        suspected = {h: r for h, r in ((failure and failure.suspect_hosts) or {}).items() if h not in known}
-        # Suspects are left out only onto a spare: without one, the same nodes again beat going
-        # through the queue for a node that may well be sound.
-        if (
-            not found
-            and suspected
-            and me.in_job_restart < settings.requeue.in_job_restarts
-            and spare_hosts(env, settings, known | set(suspected), previous)
-        ):
-            why = f" ({'; '.join(f'{host}: {text}' for host, text in sorted(suspected.items()))})"
-            found = suspected
-        if found:
-            # Another node next time: neither a broken node's failure nor the same step is final.
-            leave_out = found
-            why += f"; leaving out {', '.join(sorted(found))}"
-            spares = spare_hosts(env, settings, known | set(found), previous)
-            if spares is None or me.in_job_restart >= settings.requeue.in_job_restarts:
-                refused = cannot_leave_out(found, known, env, settings, partition_nodes)
-                if refused:
-                    return Decision(reason, step, False, f"{failure and failure.error}: {refused}")
-            else:
-                on = f"{', '.join(spares)} instead" if spares else "the nodes left"
-                restart = f"restart {me.in_job_restart + 1} of {settings.requeue.in_job_restarts}"
-                where = f" at step {step}" if step is not None else ""
-                message = f"{reason}{where}{why}; {restart} in this allocation on {on}"
-                return Decision(reason, step, True, message, leave_out, in_job=True)
-        elif failure and failure.retry is False:
-            return Decision(reason, step, False, f"{failure.error}: not retrying")
-        else:
-            earlier = [r for r in history if r.reason == "failure"]
-            if earlier and step is not None and earlier[-1].step == step:
-                return Decision(reason, step, False, f"crashed at step {step} twice in a row: not retrying")
-    else:
-        step = stop.step if stop else None
-    where = f" at step {step}" if step is not None else ""
+    if stop is not None and (killed_by is not None or not _crashed_first(failure, stop)):
+        reason, why = _classify(
+            run_dir, me, env, stop, settings, preempt_time, time_left, killed=killed_by is not None
+        )
+        if reason != "failure":
+            return _requeue(reason, stop.step, why, history, settings)
+    return _failed(run_dir, me, status, env, failure, era, settings, why, partition_nodes, failed_nodes)
+
+
+def _failed(
+    run_dir: Path,
+    me: AttemptId,
+    status: int,
+    env: Mapping[str, str],
+    failure: Failure | None,
+    era: list[records.AttemptEvent],
+    settings: Settings,
+    why: str,
+    partition_nodes: PartitionNodes,
+    failed_nodes: FailedNodes,
+) -> Decision:
+    """A failed attempt: final when it repeats what failed before (the same step, or the same
+    failure with no step gained: see `signature`), else a restart in the allocation while its
+    restarts without progress last, else a requeue, leaving out the nodes found bad.
+
+    Only restarts that bought nothing count against requeue.in_job_restarts (`restart_number`): a
+    long run on flaky hardware that gets further between crashes keeps its allocation however many
+    crashes it has, and the queue is for what keeps failing in one. The count goes on across
+    requeues, so a failure that keeps coming back gets in_job_restarts + 1 attempts plus
+    max_failures requeues in all, not in_job_restarts + 1 in each allocation."""
+    # Without a crash record, or with one that has no step (a rank killed without a word), the
+    # step this attempt reached: one that died before its first step (a node gone under its
+    # start) did not crash where the attempt before it did.
+    step = failure.step if failure and failure.step is not None else progress_step(run_dir, me)
+    history = records.ends(era)
+    what = signature(failure, status, step)
+    further = got_further(history, step)
+    restart = restart_number(history, further)
     restarts = settings.requeue.in_job_restarts
-    if reason == "failure" and not leave_out and me.in_job_restart < restarts:
+    if failure and failure.cause:
+        why = f" ({failure.cause})"
+    known = _known(run_dir, settings)
+    found = {h: r for h, r in ((failure and failure.bad_hosts) or {}).items() if h not in known}
+    began = records.begins(era)
+    previous = began[-1].nodes if began else ""
+    down = went_down(began[-1], known, failed_nodes) if began else {}
+    if down:
+        # A node failure, not srun ending the ranks after a crash, whatever the ranks saw.
+        why = f" ({'; '.join(f'{host} {text}' for host, text in sorted(down.items()))})"
+        found = {**found, **down}
+    refuses = failure is not None and failure.retry is False
+    if not found:
+        if failure is not None and refuses:
+            return Decision("failure", step, False, f"{failure.error}: not retrying", signature=what)
+        earlier = [r for r in history if r.reason == "failure"]
+        if earlier and step is not None and earlier[-1].step == step:
+            message = f"crashed at step {step} twice in a row: not retrying"
+            return Decision("failure", step, False, message, signature=what)
+    # Also where this attempt's ranks blame a node, or the one before left one out: the same
+    # failure on other nodes is the code's. Not where Slurm saw a node go down under this attempt
+    # (its own word, not the ranks'), nor after a preflight that named a node (it refuses every
+    # retry but one without that node).
+    if not down and not refuses and repeats(history, what, further):
+        return Decision(
+            "failure", step, False, f"the same failure twice in a row ({what}): not retrying", signature=what
+        )
+    suspected = {h: r for h, r in ((failure and failure.suspect_hosts) or {}).items() if h not in known}
+    # Suspects are left out only onto a spare: without one, the same nodes again beat going
+    # through the queue for a node that may well be sound.
+    if (
+        not found
+        and suspected
+        and restart <= restarts
+        and spare_hosts(env, settings, known | set(suspected), previous)
+    ):
+        why = f" ({'; '.join(f'{host}: {text}' for host, text in sorted(suspected.items()))})"
+        found = suspected
+    where = f" at step {step}" if step is not None else ""
+    if found:
+        # Another node next time: neither a broken node's failure nor the same step is final.
+        why += f"; leaving out {', '.join(sorted(found))}"
+        spares = spare_hosts(env, settings, known | set(found), previous)
+        if spares is None or restart > restarts:
+            refused = cannot_leave_out(found, known, env, settings, partition_nodes)
+            if refused:
+                return Decision(
+                    "failure", step, False, f"{failure and failure.error}: {refused}", signature=what
+                )
+            return _requeue("failure", step, why, history, settings, found, what)
+        on = f"{', '.join(spares)} instead" if spares else "the nodes left"
+        message = f"failure{where}{why}; restart {restart} of {restarts} in this allocation on {on}"
+        return Decision("failure", step, True, message, found, in_job=True, signature=what)
+    if restart <= restarts:
         # The allocation itself is sound (no node to leave out, no preemption or time limit): a
         # new srun step costs seconds, the queue minutes or hours.
-        n = me.in_job_restart + 1
-        return Decision(
-            reason,
-            step,
-            True,
-            f"{reason}{where}{why}; restart {n} of {restarts} in this allocation",
-            in_job=True,
-        )
+        message = f"failure{where}{why}; restart {restart} of {restarts} in this allocation"
+        return Decision("failure", step, True, message, in_job=True, signature=what)
+    return _requeue("failure", step, why, history, settings, signature=what)
+
+
+def _requeue(
+    reason: RequeueReason,
+    step: int | None,
+    why: str,
+    history: list[End],
+    settings: Settings,
+    leave_out: dict[str, str] | None = None,
+    signature: str | None = None,
+) -> Decision:
+    """Through the queue, within the reason's budget."""
     allowed = settings.budget(reason)
     used = sum(1 for r in history if r.reason == reason and not r.in_job) + 1
     if allowed >= 0 and used > allowed:
-        return Decision(
-            reason, step, False, f"{reason} budget spent ({used - 1} requeues of {allowed} allowed){why}"
+        spent = f"{reason} budget spent ({used - 1} requeues of {allowed} allowed){why}"
+        return Decision(reason, step, False, spent, signature=signature)
+    where = f" at step {step}" if step is not None else ""
+    message = f"{reason}{where}{why}; requeue {used} (budget {_budget_text(allowed)})"
+    return Decision(reason, step, True, message, leave_out or {}, signature=signature)
+
+
+def signature(failure: Failure | None, status: int, step: int | None) -> str:
+    """What failed, to tell a failure that comes back from another one (`repeats`).
+
+    A Python exception is its type and the line of the user's own code it came from
+    (crash.users_frame), at whatever step: the same error from the same line again is the code's,
+    a NameError in setup as much as a shape mismatch at step 50. The message is left out: it may
+    name a tensor, an address or a time, which differ from one try to the next.
+
+    Anything else says less of the code: a rank that ended without a word (killed, out of memory,
+    a segfault, a lost node), a script's exit status, a hang, srun's status where no rank recorded
+    anything. So the step it came at is part of it, or "before any step": the same death before
+    any step twice (a script's argparse exiting 2 at once) is a setup that cannot work, while
+    deaths after steps at different steps are flaky hardware as often as not (and at the same
+    step the same-step rule stops anyway)."""
+    if failure is not None and failure.exception:
+        site = failure.where
+        return f"{failure.exception} {f'at {site.file}:{site.line}' if site else 'outside your code'}"
+    if failure is None:
+        what = f"no rank's record (srun's status {status})"
+    elif failure.exit_status is not None:
+        code = failure.exit_status
+        what = (
+            f"the script exited with status {code}" if code >= 0 else f"the script died of {_signal(-code)}"
         )
-    return Decision(
-        reason,
-        step,
-        True,
-        f"{reason}{where}{why}; requeue {used} (budget {_budget_text(allowed)})",
-        leave_out,
-    )
+    elif failure.hang_dir is not None:
+        what = "a hang"
+    elif failure.cause:
+        what = failure.cause
+    else:
+        what = "a rank ended without a word"
+    return f"{what} {'before any step' if step is None else f'at step {step}'}"
+
+
+def got_further(history: Sequence[End], step: int | None) -> bool:
+    """Whether an attempt that reached `step` got further than every attempt before it (`history`,
+    the run's ends since its last resubmit): progress. Not merely past the checkpoint it resumed
+    from, which the records do not hold, and which a crash that always comes before the next
+    checkpoint would pass on every try: restarting forever in one allocation."""
+    reached = [end.step for end in history if end.step is not None]
+    return step is not None and (not reached or step > max(reached))
+
+
+def restart_number(history: Sequence[End], further: bool) -> int:
+    """Which restart without progress the one after this failure is: 1, plus one for each restart
+    in a row before it that was followed by a failure with no step gained (`got_further`,
+    `further` for this attempt's). A stop, or an attempt that got further, starts the count again;
+    a requeue does not (the queue does not make a failure that keeps coming back new)."""
+    ends = list(history)
+    wasted = 0
+    while ends and ends[-1].reason == "failure" and not further:
+        wasted += 1
+        last = ends.pop()
+        further = got_further(ends, last.step)
+    return wasted + 1
+
+
+def repeats(history: Sequence[End], what: str, further: bool) -> bool:
+    """Whether the attempt before this one failed the same way (`signature`), and this one got no
+    further: the next would fail so again."""
+    return bool(history) and history[-1].reason == "failure" and history[-1].signature == what and not further
+
+
+def stop_signal_death(status: int, settings: Settings) -> str | None:
+    """The stop signal's name where srun's status is 128 + its number (a task it ended); None
+    otherwise, and for SIGTERM, which srun's --kill-on-bad-exit also sends after a crash."""
+    name = f"SIG{settings.requeue.signal}"
+    if name == "SIGTERM" or status != 128 + signal.Signals[name].value:
+        return None
+    return name
+
+
+def _known(run_dir: Path, settings: Settings) -> set[str]:
+    """The hosts the run leaves out already: its own exclusions and the user's."""
+    return set(Exclusions.read(run_dir).hosts) | settings.user_excluded()
+
+
+def _signal(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
 
 
 def cannot_leave_out(
@@ -300,6 +433,8 @@ def _classify(
     settings: Settings,
     preempt_time: PreemptTime,
     time_left: TimeLeft,
+    *,
+    killed: bool = False,
 ) -> tuple[RequeueReason, str]:
     """Why the ranks were told to stop, from what Slurm says, not from elapsed time; with words
     for the record when it is not what the signal alone suggests.
@@ -307,8 +442,10 @@ def _classify(
     slurmctld sets a job's PreemptTime when it picks the job for preemption (seen on 22.05.8); a
     job signalled for its time limit has none, and has at most the signal's lead (Slurm may send
     it up to 60 s early) left when the signal came. A stop with neither is srun ending the other
-    ranks after one died without a word (killed, out of memory, a segfault): a failure.
-    `slurmddp interrupt` names the reason itself.
+    ranks after one died without a word (killed, out of memory, a segfault): a failure. But not
+    where the stop signal itself `killed` a rank: srun sends no such signal, so it came from
+    outside slurmddp, which counts as a preemption (as in a local run). `slurmddp interrupt` names
+    the reason itself.
     """
     forced = Interrupt.read_for(run_dir, me)
     if forced is not None:
@@ -324,6 +461,11 @@ def _classify(
     lead = settings.requeue.signal_lead_s
     if left_at_signal <= lead + SLURM_SIGNAL_EARLY_S + SIGNAL_SLACK_S:
         return "timeout", ""
+    if killed:
+        return "preemption", (
+            f" ({stop.signal} ended a rank with {left_at_signal:.0f} s of the time limit left and no "
+            "preemption: a stop from outside slurmddp)"
+        )
     return "failure", (
         f" ({stop.signal} with {left_at_signal:.0f} s of the time limit left and no "
         "preemption: srun ending the other ranks after one died)"

@@ -25,6 +25,7 @@ from slurmddp.job import (
     attempts,
     crash,
     distenv,
+    forks,
     mpi,
     peerwatch,
     preflight,
@@ -32,6 +33,7 @@ from slurmddp.job import (
     records,
     rendezvous,
     signals,
+    startwatch,
 )
 from slurmddp.job.checkpoint.prefetch import prefetch
 from slurmddp.job.context import RunContext
@@ -40,7 +42,7 @@ from slurmddp.job.records import AttemptId
 from slurmddp.job.scriptrank import run_script
 from slurmddp.job.spec import RankSpec
 from slurmddp.job.stop import StopForRequeue
-from slurmddp.job.watchdog import Watchdog
+from slurmddp.job.watchdog import Watchdog, rendezvous_s
 from slurmddp.layout import NCCL_TRACE, RESULT
 
 SYSFS_ENV = "SLURMDDP_SYSFS"
@@ -118,6 +120,8 @@ def _run_entrypoint(spec: RankSpec, dist: DistEnv) -> Any:
     os.environ.update(spec.env)
     os.environ["SLURMDDP_RUN_DIR"] = spec.run_dir
     os.chdir(spec.workdir)
+    # Before any user code: no child it forks may keep this rank's sockets alive (job/forks.py).
+    forks.install()
     if spec.workdir not in sys.path:
         sys.path.insert(0, spec.workdir)
     if dist.rank == 0:
@@ -125,15 +129,27 @@ def _run_entrypoint(spec: RankSpec, dist: DistEnv) -> Any:
     if spec.script is not None or spec.module is not None:
         return run_script(spec, dist)
     assert spec.function is not None
-    # The disk works while the user's module, torch and the process group load (seconds).
-    prefetch(Path(spec.checkpoint_dir), dist.rank, shared=dist.local_rank == 0)
+    watchdog = _watchdog(spec, dist)
     try:
-        function = load_function(spec.function)
-    except Exception as exc:
-        # The user's module raised while it was imported (a NameError, an import it lacks).
-        crash.record(Path(spec.run_dir), dist, None, repr(exc), exc)
-        raise
-    return _run_function(spec, dist, function)
+        # The disk works while the user's module, torch and the process group load (seconds).
+        prefetch(Path(spec.checkpoint_dir), dist.rank, shared=dist.local_rank == 0)
+        try:
+            function = load_function(spec.function)
+        except Exception as exc:
+            # The user's module raised while it was imported (a NameError, an import it lacks).
+            crash.record(Path(spec.run_dir), dist, None, repr(exc), exc)
+            raise
+        return _run_function(spec, dist, function, watchdog)
+    finally:
+        if watchdog is not None:
+            watchdog.stop()
+
+
+def _watchdog(spec: RankSpec, dist: DistEnv) -> Watchdog | None:
+    """The rank's watchdog, from its start: the start-up deadline, then the hang timeout."""
+    if spec.dist.hang_timeout_s == 0 and spec.dist.start_timeout_s == 0:
+        return None
+    return Watchdog(Path(spec.run_dir), dist, spec.dist.hang_timeout_s, spec.dist.start_timeout_s)
 
 
 def _record_provenance(spec: RankSpec, dist: DistEnv) -> None:
@@ -196,7 +212,9 @@ def load_function(target: str) -> Callable[[RunContext], Any]:
     return function  # type: ignore[no-any-return]
 
 
-def _run_function(spec: RankSpec, dist: DistEnv, function: Callable[[RunContext], Any]) -> Any:
+def _run_function(
+    spec: RankSpec, dist: DistEnv, function: Callable[[RunContext], Any], watchdog: Watchdog | None
+) -> Any:
     import torch
     import torch.distributed as tdist
 
@@ -210,8 +228,15 @@ def _run_function(spec: RankSpec, dist: DistEnv, function: Callable[[RunContext]
         device = torch.device("cpu")
     if dist.rank == 0:
         rendezvous.check_port_free(dist.master_port)
-    store = rendezvous.open_store(dist, spec.dist.timeout_s)
+    _enter(watchdog, startwatch.RENDEZVOUS)
+    waits = rendezvous_s(spec.dist.timeout_s, spec.dist.start_timeout_s)
+    store = rendezvous.open_store(dist, waits)
     watch = peerwatch.start(store, dist, spec)
+    if watchdog is not None and spec.dist.start_timeout_s and dist.world_size > 1:
+        rendezvous.arrive(store, dist, waits, watchdog.arrived)
+    # What waits on the store later (NCCL's first communicator, the exit barrier) waits as before.
+    store.set_timeout(timedelta(seconds=spec.dist.timeout_s))
+    _enter(watchdog, startwatch.PROCESS_GROUP)
     tdist.init_process_group(
         backend=backend,
         store=store,
@@ -220,7 +245,7 @@ def _run_function(spec: RankSpec, dist: DistEnv, function: Callable[[RunContext]
         timeout=timedelta(seconds=spec.dist.timeout_s),
     )
     try:
-        outcome = _call(spec, dist, device, host, function, watch)
+        outcome = _call(spec, dist, device, host, function, watch, watchdog)
     except SystemExit as exc:
         # A local run's stop, or the user's own exit: no death, unless it says it failed.
         if watch is not None and exc.code in (None, 0, LOCAL_REQUEUE_STATUS):
@@ -247,15 +272,17 @@ def _call(
     host: str,
     function: Callable[[RunContext], Any],
     watch: peerwatch.PeerWatch | None,
+    watchdog: Watchdog | None,
 ) -> Any:
     import torch.distributed as tdist
     from omegaconf import OmegaConf
 
     if spec.preflight.enabled:
+        _enter(watchdog, startwatch.PREFLIGHT)
         preflight.run(spec.preflight, dist, device, host, Path(spec.run_dir))
+    _enter(watchdog, startwatch.SETUP)
     config = OmegaConf.create(spec.config)
     OmegaConf.set_readonly(config, True)
-    hang_timeout = spec.dist.hang_timeout_s
     ctx = RunContext(
         dist=dist,
         device=device,
@@ -263,7 +290,7 @@ def _call(
         settings=spec.settings,
         run_dir=Path(spec.run_dir),
         checkpoint_dir=Path(spec.checkpoint_dir),
-        watchdog=Watchdog(Path(spec.run_dir), dist, hang_timeout) if hang_timeout != 0 else None,
+        watchdog=watchdog,
     )
     if watch is not None:
         watch.step_of = lambda: ctx.active_loop.step if ctx.active_loop is not None else None
@@ -288,6 +315,11 @@ def _call(
         telemetry = loop.telemetry.summary if loop is not None and loop.telemetry is not None else None
         write_result(Path(spec.run_dir), dist, gathered, started, telemetry)
     return result
+
+
+def _enter(watchdog: Watchdog | None, phase: str) -> None:
+    if watchdog is not None:
+        watchdog.phase(phase)
 
 
 def _stopped(spec: RankSpec, dist: DistEnv, stop: StopForRequeue) -> dict[str, Any]:

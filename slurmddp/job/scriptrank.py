@@ -12,17 +12,20 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
+from datetime import timedelta
 from pathlib import Path
 
 from slurmddp.defaults import LOCAL_REQUEUE_STATUS
 from slurmddp.errors import EntrypointFailed
-from slurmddp.job import crash, peerwatch, rendezvous, scriptrun, signals, stop, trackers
+from slurmddp.job import peerwatch, rendezvous, scriptrun, signals, stop, trackers
 from slurmddp.job.distenv import DistEnv
 from slurmddp.job.loop import PROGRESS_EVERY_S
-from slurmddp.job.records import AttemptId, Progress, Stop
+from slurmddp.job.records import AttemptId, Failure, Progress, Stop
 from slurmddp.job.spec import RankSpec
+from slurmddp.job.watchdog import HANG_EXIT_STATUS, rendezvous_s
 
 
 def run_script(spec: RankSpec, dist: DistEnv) -> int:
@@ -33,19 +36,24 @@ def run_script(spec: RankSpec, dist: DistEnv) -> int:
     if dist.rank == 0:
         rendezvous.check_port_free(dist.master_port)
     command = spec.command()
+    began = time.monotonic()
     with tempfile.NamedTemporaryFile(prefix="slurmddp-steps-") as steps:
         # This process hosts the store, as torchrun's agent does: it outlives the script (module
         # doc of job.rendezvous). The script's clients retry until it is up, so torch loads
         # meanwhile. job.scriptrun runs the script as python would, counting its optimizer steps.
         child = subprocess.Popen(
             [sys.executable, "-m", "slurmddp.job.scriptrun", *command[1:]],
-            env={**os.environ, **_script_env(spec, dist, steps.name)},
+            env={**os.environ, **_script_env(spec, dist, steps.name, began)},
         )
         # From now on a stop signal reaches the script at once, not at the next poll: every rank
         # hears it within the same millisecond (job/stop.py agrees on the step).
         signals.install(spec.stop_signals, then=_forward_once(child))
-        store = rendezvous.open_store(dist, spec.dist.timeout_s)
+        met = _follow_a_start_hang(child) if spec.dist.start_timeout_s else None
+        store = rendezvous.open_store(dist, rendezvous_s(spec.dist.timeout_s, spec.dist.start_timeout_s))
         watch = peerwatch.start(store, dist, spec, child)
+        store.set_timeout(timedelta(seconds=spec.dist.timeout_s))
+        if met is not None:
+            met.set()
         if watch is not None:
             watch.step_of = lambda: scriptrun.read_steps(Path(steps.name))
         before = _steps_before(Path(spec.run_dir), AttemptId.of(dist))
@@ -69,9 +77,18 @@ def run_script(spec: RankSpec, dist: DistEnv) -> int:
     if watch is not None and (stop is not None or code == 0):
         watch.leave()
     if stop is None and code != 0:
-        # Before srun's SIGTERM reaches the other ranks: their stop is no stop request.
+        # Before srun's SIGTERM reaches the other ranks: their stop is no stop request. Not
+        # crash.record's record: the script's status is what tells this failure from another
+        # (job/requeue.py's signature), and a status says nothing of the node's device.
         error = f"{shlex.join(command)} exited with status {code}{_after(step)}"
-        crash.record(Path(spec.run_dir), dist, step, error)
+        Failure(
+            step=step,
+            rank=dist.rank,
+            error=error,
+            attempt=AttemptId.of(dist),
+            time=time.time(),
+            exit_status=code,
+        ).write(Path(spec.run_dir))
         if watch is not None:
             watch.crashed()
         raise EntrypointFailed(f"rank {dist.rank}: {shlex.join(command)} exited with status {code}")
@@ -105,7 +122,22 @@ def _forward_once(child: subprocess.Popen[bytes]) -> Callable[[int], None]:
     return forward
 
 
-def _script_env(spec: RankSpec, dist: DistEnv, steps: str) -> dict[str, str]:
+def _follow_a_start_hang(child: subprocess.Popen[bytes]) -> threading.Event:
+    """Until the event is set (this process met rank 0's at the store), a script whose start-up
+    watchdog fired, its record written, ends this process with the same status: else it would wait
+    in the store's connect for a rank 0 that may never come, and srun for it."""
+    met = threading.Event()
+
+    def follow() -> None:
+        while not met.wait(0.2):
+            if child.poll() == HANG_EXIT_STATUS:
+                os._exit(HANG_EXIT_STATUS)
+
+    threading.Thread(target=follow, name="slurmddp-startfollow", daemon=True).start()
+    return met
+
+
+def _script_env(spec: RankSpec, dist: DistEnv, steps: str, began: float) -> dict[str, str]:
     env = {
         "TORCHELASTIC_USE_AGENT_STORE": "True",
         scriptrun.STEP_FILE_ENV: steps,
@@ -116,8 +148,13 @@ def _script_env(spec: RankSpec, dist: DistEnv, steps: str) -> dict[str, str]:
         env[scriptrun.RESUME_BUCKETS_ENV] = "1"
     if spec.settings.integrations == "auto":
         env[scriptrun.AUTO_ENV] = "1"
-    if spec.dist.hang_timeout_s != 0:
-        watch = {**dataclasses.asdict(dist), "hang_timeout_s": spec.dist.hang_timeout_s}
+    if spec.dist.hang_timeout_s != 0 or spec.dist.start_timeout_s != 0:
+        watch = {
+            **dataclasses.asdict(dist),
+            "hang_timeout_s": spec.dist.hang_timeout_s,
+            "start_timeout_s": spec.dist.start_timeout_s,
+            "began": began,
+        }
         env[scriptrun.WATCH_ENV] = json.dumps(watch)
     return env
 

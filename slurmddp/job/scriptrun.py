@@ -41,11 +41,12 @@ from pathlib import Path
 from typing import Any
 
 from slurmddp.defaults import ALWAYS_STOP_ON, STOP_SIGNAL, STOP_SIGNALS_ENV
-from slurmddp.job import autoload, ddp_buckets, signals, stop
+from slurmddp.job import autoload, ddp_buckets, forks, signals, startwatch, stop
 
 STEP_FILE_ENV = "SLURMDDP_STEP_FILE"
 WATCH_ENV = "SLURMDDP_WATCH"
-"""JSON of the rank's DistEnv and `hang_timeout_s`; absent: no watchdog (dist.hang_timeout_s=0)."""
+"""JSON of the rank's DistEnv, `hang_timeout_s`, `start_timeout_s` and `began`, the rank's start
+(time.monotonic(), the machine's clock); absent: no watchdog (both timeouts 0)."""
 FINISHED = b"finished"
 """Bytes 8-16 of the step file once the script ended with status 0 and its exit handlers ran."""
 RESUME_BUCKETS_ENV = "SLURMDDP_RESUME_BUCKETS"
@@ -133,8 +134,8 @@ def _watchdog() -> Any:
     from slurmddp.job.watchdog import Watchdog
 
     fields = json.loads(watch)
-    timeout = fields.pop("hang_timeout_s")
-    return Watchdog(Path(os.environ["SLURMDDP_RUN_DIR"]), DistEnv(**fields), timeout)
+    timeout, start, began = (fields.pop(key) for key in ("hang_timeout_s", "start_timeout_s", "began"))
+    return Watchdog(Path(os.environ["SLURMDDP_RUN_DIR"]), DistEnv(**fields), timeout, start, began=began)
 
 
 def _beat_on_batches(watchdog: Any) -> None:
@@ -155,6 +156,10 @@ def main(argv: list[str]) -> None:
     signals.install(tuple(names.split(",")), then=_on_stop_signal)
     steps = Steps(os.environ.get(STEP_FILE_ENV))
     atexit.register(steps.at_exit)
+    # Before torch is imported: its import is part of the start the deadline covers.
+    watchdog = _watchdog()
+    # The script's loader workers must not keep its gloo/NCCL listening sockets (job/forks.py).
+    forks.install()
     from torch.optim.optimizer import register_optimizer_step_post_hook
 
     register_optimizer_step_post_hook(steps.step)
@@ -162,8 +167,9 @@ def main(argv: list[str]) -> None:
         ddp_buckets.install(Path(os.environ["SLURMDDP_RUN_DIR"]), int(os.environ.get("RANK", "0")))
     if os.environ.get(AUTO_ENV):
         autoload.install()
-    watchdog = _watchdog()
     if watchdog is not None:
+        # The script's own code from here; where it meets the others, its stack tells.
+        watchdog.phase(startwatch.SETUP)
         # After steps.step (hooks run in the order they were registered): it reads the new count.
         register_optimizer_step_post_hook(lambda *_: watchdog.at(steps.count))
         _beat_on_batches(watchdog)

@@ -16,6 +16,14 @@ Rank 0 then names the ranks that did not arrive (those not waiting in a collecti
 reported), writes summary.json and the attempt's failure record (their hosts as bad hosts, which
 the requeued job leaves out), and every rank exits with HANG_EXIT_STATUS; srun's
 --kill-on-bad-exit ends the rest and the batch script requeues.
+
+Before the first steps the same thread keeps the start-up deadline (dist.start_timeout_s, counted
+from the rank's start): a hang at the rendezvous, in the process group or in the user's setup is
+reported the same way, each rank's report saying its phase, the verdict naming the ranks that hold
+the start up (job/startwatch.py); where rank 0 reports nothing (its node may be the broken one), the
+lowest rank that did gives the verdict in its stead. Until it fires the thread makes no torch call
+(one still inside torch's C++ when the process exits would abort it): rank 0's main thread tells
+it who has reached the rendezvous store (job/rendezvous.py's `arrive`).
 """
 
 from __future__ import annotations
@@ -34,6 +42,7 @@ from types import FrameType
 from typing import Any
 
 from slurmddp.files import write_json
+from slurmddp.job import startwatch
 from slurmddp.job.distenv import DistEnv, rank_hosts
 from slurmddp.job.records import AttemptId, Failure
 from slurmddp.layout import HANGS
@@ -61,14 +70,20 @@ _STDLIB = tuple({sysconfig.get_path("stdlib"), sysconfig.get_path("platstdlib")}
 
 
 class Watchdog:
-    """Started by the runtime for a function entrypoint; the training side calls `beat` and
-    `at(step)` and, after its loop, `rest()`."""
+    """Started at a rank's start by the runtime for a function entrypoint, and in a script's own
+    process. Until the first steps it keeps the start-up deadline (dist.start_timeout_s): the rank
+    says which phase it is in (`phase`), rank 0 who has checked in at the rendezvous (`arrived`).
+    The training side calls `beat` and `at(step)` and, after its loop, `rest()`."""
 
     def __init__(
         self,
         run_dir: Path,
         dist: DistEnv,
         timeout_s: int | None,
+        start_timeout_s: int = 0,
+        *,
+        phase: str = startwatch.LOADING,
+        began: float | None = None,
         exit: Callable[[int], None] = os._exit,
     ) -> None:
         in_job = f".{dist.in_job_restart}" if dist.in_job_restart else ""
@@ -76,6 +91,13 @@ class Watchdog:
         self._run_dir = run_dir
         self._dist = dist
         self._fixed = float(timeout_s) if timeout_s else None
+        self._watches_steps = timeout_s != 0
+        self._start_s = float(start_timeout_s)
+        self._began = time.monotonic() if began is None else began
+        self._phase: str | None = phase if start_timeout_s else None
+        """The phase of the rank's start (job/startwatch.py); None once it is over."""
+        self._arrived: tuple[int, ...] | None = None
+        self._steps = 0
         self._exit = exit
         self._step: int | None = None
         self._last = time.monotonic()
@@ -85,21 +107,36 @@ class Watchdog:
         self._thread = threading.Thread(target=self._watch, name="slurmddp-watchdog", daemon=True)
         self._thread.start()
 
+    def phase(self, name: str) -> None:
+        """The rank's start goes on to phase `name` (job/startwatch.py)."""
+        if self._phase is not None:
+            self._phase = name
+
+    def arrived(self, ranks: Sequence[int]) -> None:
+        """Rank 0: the ranks that have checked in at the rendezvous store so far."""
+        self._arrived = tuple(ranks)
+
     def beat(self) -> None:
-        now = time.monotonic()
-        if self._armed:
-            self._slowest = max(self._slowest, now - self._last)
-        self._last = now
+        if self._steps == 0:
+            # Outside ctx.loop (an evaluation, ctx.log/reduce/gather, a script's batch): the only
+            # progress an entrypoint without the loop shows.
+            self._phase = None
+        self._tick()
 
     def at(self, step: int) -> None:
-        """A training step starts: the watchdog is armed from the first."""
+        """A training step starts: the watchdog is armed from the first; the start is over once
+        every rank has made its first (startwatch.FIRST_STEPS)."""
         self._step = step
-        self.beat()
-        self._armed = True
+        self._steps += 1
+        if self._phase is not None:
+            self._phase = startwatch.FIRST_STEP if self._steps < startwatch.FIRST_STEPS else None
+        self._tick()
+        self._armed = self._watches_steps
 
     def rest(self) -> None:
         """The loop is over (final evaluation and saving are not steps)."""
         self._armed = False
+        self._phase = None
 
     def stop(self) -> None:
         self._done.set()
@@ -107,58 +144,133 @@ class Watchdog:
     def limit_s(self) -> float:
         return self._fixed if self._fixed is not None else max(AUTO_FLOOR_S, AUTO_FACTOR * self._slowest)
 
+    def _tick(self) -> None:
+        now = time.monotonic()
+        if self._armed:
+            self._slowest = max(self._slowest, now - self._last)
+        self._last = now
+
     def _watch(self) -> None:
         while not self._done.wait(POLL_S):
-            idle = time.monotonic() - self._last
+            now = time.monotonic()
+            phase = self._phase
+            if phase is not None and now - self._began > self._start_s:
+                self._fire_start(phase, now - self._began)
+                return
+            idle = now - self._last
             if self._armed and idle > self.limit_s():
                 self._fire(idle)
                 return
+            if phase is None and not self._watches_steps:
+                return  # started, and no hang timeout: nothing left to watch
 
     def _fire(self, idle: float) -> None:
+        main = _main_frame()
+        self._report(
+            main, {"step": self._step, "idle_s": round(idle, 1), "limit_s": round(self.limit_s(), 1)}
+        )
+        print(
+            f"slurmddp: rank {self._dist.rank}: no progress for {idle:.0f} s at step {self._step} "
+            f"(dist.hang_timeout_s {self.limit_s():.0f}); stacks in {self._dir}",
+            file=sys.stderr,
+            flush=True,
+        )
+        self._conclude(self._hang, stand_in=False)
+
+    def _fire_start(self, phase: str, elapsed: float) -> None:
+        main = _main_frame()
+        phase = startwatch.phase_of(main, phase)
+        fields = {
+            "step": self._step,
+            "phase": phase,
+            "elapsed_s": round(elapsed, 1),
+            "limit_s": self._start_s,
+        }
+        self._report(main, {**fields, "arrived": self._arrived})
+        print(
+            f"slurmddp: rank {self._dist.rank}: no first step {elapsed:.0f} s after its start, "
+            f"{startwatch.WORDS.get(phase, phase)} (dist.start_timeout_s {self._start_s:.0f}); "
+            f"stacks in {self._dir}",
+            file=sys.stderr,
+            flush=True,
+        )
+        self._conclude(self._start_hang, stand_in=True)
+
+    def _report(self, main: FrameType | None, fields: Mapping[str, Any]) -> None:
+        """This rank's stacks, NCCL trace and report: `fields`, and where its main thread is."""
         self._dir.mkdir(parents=True, exist_ok=True)
         rank = self._dist.rank
         with (self._dir / f"rank_{rank}.stacks.txt").open("w") as handle:
             faulthandler.dump_traceback(handle, all_threads=True)
         _dump_nccl_trace(self._dir / f"rank_{rank}.nccl_trace")
-        main = sys._current_frames().get(threading.main_thread().ident or -1)
         report = {
             "rank": rank,
             "host": socket.gethostname(),
-            "step": self._step,
-            "idle_s": round(idle, 1),
-            "limit_s": round(self.limit_s(), 1),
+            **fields,
             "waiting": waiting_in_collective(main),
             "where": innermost(main),
         }
         write_json(self._dir / f"rank_{rank}.json", report)
-        print(
-            f"slurmddp: rank {rank}: no progress for {idle:.0f} s at step {self._step} "
-            f"(dist.hang_timeout_s {self.limit_s():.0f}); stacks in {self._dir}",
-            file=sys.stderr,
-            flush=True,
-        )
+
+    def _conclude(
+        self, judge: Callable[[list[dict[str, Any]]], tuple[dict[str, Any], Failure]], *, stand_in: bool
+    ) -> None:
+        """Rank 0 gathers every rank's report, writes the summary and the attempt's failure record
+        as `judge` finds them; the others wait for it (leaving first would let srun end rank 0 before
+        it recorded why). Then this rank exits. `stand_in`: the lowest rank that reported does it
+        when rank 0 did not. Not for a hang in the training: there a dead rank 0 is the peer watch's
+        to record, and a living one may only have a longer automatic timeout than this rank."""
         summary = self._dir / "summary.json"
-        if rank == 0:
-            reports = _collect(self._dir, self._dist.world_size, time.monotonic() + GATHER_S)
-            cause, culprits = diagnose(reports, self._dist.world_size, rank_hosts(self._dist, os.environ))
-            write_json(summary, {"cause": cause, "reports": reports})
-            Failure(
-                step=self._step,
-                rank=rank,
-                error=f"hang: {cause}",
-                attempt=AttemptId.of(self._dist),
-                time=time.time(),
-                bad_hosts={host: cause for host in culprits if host != "?"},
-                cause=cause,
-                hang_dir=str(self._dir),
-            ).write(self._run_dir, replace=True)
-            print(f"slurmddp: {cause}; ending the attempt", file=sys.stderr, flush=True)
+        if self._dist.rank == 0 or (stand_in and self._stands_in(summary)):
+            wait = GATHER_S if self._dist.rank == 0 else 0.0
+            reports = _collect(self._dir, self._dist.world_size, time.monotonic() + wait)
+            verdict, failure = judge(reports)
+            write_json(summary, {**verdict, "reports": reports})
+            failure.write(self._run_dir, replace=True)
+            print(f"slurmddp: {failure.cause}; ending the attempt", file=sys.stderr, flush=True)
         else:
-            # Leaving first would let srun end rank 0 before it recorded why.
-            deadline = time.monotonic() + 2 * GATHER_S
-            while not summary.exists() and time.monotonic() < deadline:
-                time.sleep(0.2)
+            _until(summary.exists, 2 * GATHER_S)
         self._exit(HANG_EXIT_STATUS)
+
+    def _stands_in(self, summary: Path) -> bool:
+        """Whether this rank records the verdict in rank 0's stead: rank 0 reported nothing within
+        GATHER_S (gone, stuck holding the GIL, or, at the start, already past it) and this is the
+        lowest rank that did."""
+        rank_0 = self._dir / "rank_0.json"
+        _until(lambda: rank_0.exists() or summary.exists(), GATHER_S)
+        if rank_0.exists() or summary.exists():
+            return False
+        reported = sorted(int(path.stem.removeprefix("rank_")) for path in self._dir.glob("rank_*.json"))
+        return reported[:1] == [self._dist.rank]
+
+    def _hang(self, reports: list[dict[str, Any]]) -> tuple[dict[str, Any], Failure]:
+        cause, culprits = diagnose(reports, self._dist.world_size, rank_hosts(self._dist, os.environ))
+        return {"cause": cause}, self._failure(f"hang: {cause}", cause, culprits, self._step)
+
+    def _start_hang(self, reports: list[dict[str, Any]]) -> tuple[dict[str, Any], Failure]:
+        hosts = rank_hosts(self._dist, os.environ)
+        cause, phase, culprits = startwatch.diagnose(reports, self._dist.world_size, hosts, self._start_s)
+        # No step: the attempt crashed before its training did, not at a step it may crash at again.
+        return {"cause": cause, "phase": phase}, self._failure(cause, cause, culprits, None)
+
+    def _failure(self, error: str, cause: str, culprits: Sequence[str], step: int | None) -> Failure:
+        return Failure(
+            step=step,
+            rank=self._dist.rank,
+            error=error,
+            attempt=AttemptId.of(self._dist),
+            time=time.time(),
+            bad_hosts={host: cause for host in culprits if host != "?"},
+            cause=cause,
+            hang_dir=str(self._dir),
+        )
+
+
+def rendezvous_s(timeout_s: int, start_timeout_s: int) -> float:
+    """How long a rank waits at the rendezvous store: past the start-up deadline, where there is
+    one, so that the watchdog (which gathers for up to 2 GATHER_S once it fires) ends a start that
+    hangs there with its diagnosis, rather than the store's timeout with a bare error."""
+    return max(timeout_s, start_timeout_s + 2 * GATHER_S + 10) if start_timeout_s else timeout_s
 
 
 def waiting_in_collective(frame: FrameType | None) -> bool:
@@ -217,6 +329,16 @@ def _collect(folder: Path, world_size: int, deadline: float) -> list[dict[str, A
                 continue  # being written
         if len(reports) >= world_size or time.monotonic() > deadline:
             return reports
+        time.sleep(0.2)
+
+
+def _main_frame() -> FrameType | None:
+    return sys._current_frames().get(threading.main_thread().ident or -1)
+
+
+def _until(done: Callable[[], bool], seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    while not done() and time.monotonic() < deadline:
         time.sleep(0.2)
 
 

@@ -90,10 +90,11 @@ class ResubmittedElements:
     notes: list[str]
 
 
-def resubmit_failed(ref: str, argv: list[str]) -> ResubmittedElements:
+def resubmit_failed(ref: str, argv: list[str], forget_exclusions: bool = False) -> ResubmittedElements:
     """Submit the failed elements of a sweep again, as one new array; each resumes from its own
     latest checkpoint with fresh budgets. The hosts any of them left out stay out of the whole
-    array (a node that broke one element's run is no better for the next)."""
+    array (a node that broke one element's run is no better for the next), unless
+    `forget_exclusions`: then the failed elements' excluded.json are cleared."""
     target = runs.resolve(ref)
     if target.kind != "sweep":
         raise SlurmddpError(f"{target.dir} is a single run; resubmit works on sweeps (submit the run again)")
@@ -104,7 +105,13 @@ def resubmit_failed(ref: str, argv: list[str]) -> ResubmittedElements:
     if not failed:
         raise SlurmddpError(f"{target.dir}: no failed elements to resubmit")
     manifest = target.manifest
-    hosts, notes = _left_out([e.dir for e in failed], _saved(target.dir, manifest))
+    dirs = [e.dir for e in failed]
+    hosts: list[str]
+    if forget_exclusions:
+        # No resubmit rewrites a sweep's config.yaml files: the hosts left out are in excluded.json only.
+        hosts, notes = [], _forget_notes(dirs)
+    else:
+        hosts, notes = _left_out(dirs, _saved(target.dir, manifest))
     elements = [
         SweepElement(e.index or 0, e.overrides, e.dir.name, _kept_out(_saved(e.dir, manifest), hosts))
         for e in failed
@@ -123,7 +130,12 @@ def resubmit_failed(ref: str, argv: list[str]) -> ResubmittedElements:
     indices = [e.index for e in failed if e.index is not None]
     for element in failed:
         records.append_attempt(element.dir, Resubmit(time.time(), argv))
-    job_id = submitter.submit_array(plan, manifest, indices)
+    forgotten = _forget(dirs) if forget_exclusions else {}
+    try:
+        job_id = submitter.submit_array(plan, manifest, indices)
+    except BaseException:
+        _put_back(forgotten)
+        raise
     return ResubmittedElements(job_id, indices, notes)
 
 
@@ -136,11 +148,14 @@ class Resubmitted:
     notes: list[str]
 
 
-def resubmit_run(ref: str, overrides: list[str], argv: list[str]) -> Resubmitted:
+def resubmit_run(
+    ref: str, overrides: list[str], argv: list[str], forget_exclusions: bool = False
+) -> Resubmitted:
     """Submit a single run that ended without completing again, in its own directory, with
     `overrides` (more time, another partition, another size); it resumes from its latest
     checkpoint with fresh budgets. With another number of ranks, ddp.accumulate is set so that each
-    rank's micro-batch is no larger than before, and the hosts the run left out stay left out."""
+    rank's micro-batch is no larger than before, and the hosts the run left out stay left out,
+    unless `forget_exclusions`: then its excluded.json is cleared and they may run it again."""
     target = runs.resolve(ref)
     if target.kind != "run":
         raise SlurmddpError(
@@ -158,7 +173,7 @@ def resubmit_run(ref: str, overrides: list[str], argv: list[str]) -> Resubmitted
     if state == "COMPLETED":
         raise SlurmddpError(f"{target.dir} completed: there is nothing to resume")
     before = _saved(target.dir, target.manifest)
-    after, notes = _kept_as_before(target, before, overrides)
+    after, notes = _kept_as_before(target, before, overrides, forget_exclusions)
     changed = check_changes(before.resolved, after.resolved)
     ranks = (before.experiment.resources.world_size, after.experiment.resources.world_size)
     plan = plan_for(
@@ -167,9 +182,12 @@ def resubmit_run(ref: str, overrides: list[str], argv: list[str]) -> Resubmitted
     target.backend.check_schedulable(plan)
     previous = records.final_end(records.read_attempts(target.dir))
     records.append_attempt(target.dir, Resubmit(time.time(), argv, changed, list(ranks)))
+    # Before the job is submitted: its first attempt may read excluded.json before sbatch returns.
+    forgotten = _forget([target.dir]) if forget_exclusions else {}
     try:
         sub = submitter.resubmit(plan, after, target.manifest, argv)
     except BaseException:
+        _put_back(forgotten)
         if previous is not None:
             # The run reads as it did: ended, with the same reason.
             records.append_attempt(target.dir, dataclasses.replace(previous, time=time.time()))
@@ -177,9 +195,12 @@ def resubmit_run(ref: str, overrides: list[str], argv: list[str]) -> Resubmitted
     return Resubmitted(sub, changed, notes)
 
 
-def _kept_as_before(target: runs.Target, before: Loaded, overrides: list[str]) -> tuple[Loaded, list[str]]:
+def _kept_as_before(
+    target: runs.Target, before: Loaded, overrides: list[str], forget_exclusions: bool
+) -> tuple[Loaded, list[str]]:
     """The saved experiment with `overrides`, and with what keeps the run as it was (each rank's
-    micro-batch when the number of ranks changes, the hosts it left out), and a note on each."""
+    micro-batch when the number of ranks changes, the hosts it left out unless
+    `forget_exclusions`), and a note on each."""
     after = _saved(target.dir, target.manifest, overrides)
     notes = []
     ranks = (before.experiment.resources.world_size, after.experiment.resources.world_size)
@@ -193,6 +214,8 @@ def _kept_as_before(target: runs.Target, before: Loaded, overrides: list[str]) -
                 "rank's micro-batch is no larger than before (the global batch stays; set "
                 "ddp.accumulate=N to choose)"
             )
+    if forget_exclusions:
+        return _forgetting(after, Exclusions.read(target.dir), overrides), notes + _forget_notes([target.dir])
     hosts, left_out = _left_out([target.dir], after)
     return _kept_out(after, hosts), notes + left_out
 
@@ -209,6 +232,40 @@ def _left_out(run_dirs: Sequence[Path], loaded: Loaded) -> tuple[list[str], list
     hosts = sorted({*left_out, *(hostlist.expand(user) if user else [])})
     notes = [f"leaves out {host}: {why.reason}" for host, why in left_out.items()]
     return hosts, notes
+
+
+def _forgetting(loaded: Loaded, forgotten: Exclusions, overrides: Sequence[str]) -> Loaded:
+    """`loaded` without the hosts the run left out itself in its resources.exclude, where an
+    earlier resubmit wrote them; the user's own hosts stay, and a resources.exclude given with this
+    resubmit stands as given."""
+    exclude = loaded.experiment.resources.exclude
+    listed = hostlist.expand(exclude) if exclude else []
+    own = [host for host in listed if host not in forgotten.hosts]
+    given = "resources.exclude" in (text.partition("=")[0] for text in overrides)
+    return loaded if given or own == listed else with_exclude(loaded, own)
+
+
+def _forget_notes(run_dirs: Sequence[Path]) -> list[str]:
+    left_out = {host: why for run_dir in run_dirs for host, why in Exclusions.read(run_dir).hosts.items()}
+    if not left_out:
+        return ["--forget-exclusions: no host was left out"]
+    return [f"no longer leaves out {host} ({why.reason})" for host, why in left_out.items()]
+
+
+def _forget(run_dirs: Sequence[Path]) -> dict[Path, Exclusions]:
+    """Clear the hosts `run_dirs` left out; returns what they were, to put back should the
+    submission fail."""
+    before = {run_dir: Exclusions.read(run_dir) for run_dir in run_dirs}
+    for run_dir, excluded in before.items():
+        if excluded.hosts:
+            Exclusions().write(run_dir)
+    return before
+
+
+def _put_back(before: dict[Path, Exclusions]) -> None:
+    for run_dir, excluded in before.items():
+        if excluded.hosts:
+            excluded.write(run_dir)
 
 
 def _kept_out(loaded: Loaded, hosts: Sequence[str]) -> Loaded:

@@ -17,9 +17,10 @@ from slurmddp.experiment.schema import Resources
 
 
 def with_exclude(loaded: Loaded, hosts: Sequence[str]) -> Loaded:
-    """`loaded` leaving out `hosts` (resources.exclude, a comma-separated list of them)."""
-    exclude = ",".join(hosts)
-    return _with_resources(loaded, f"resources.exclude={exclude}", exclude=exclude)
+    """`loaded` leaving out `hosts` (resources.exclude, a comma-separated list of them; unset
+    when there are none)."""
+    exclude = ",".join(hosts) or None
+    return _with_resources(loaded, f"resources.exclude={exclude or 'null'}", exclude=exclude)
 
 
 def with_dependency(loaded: Loaded, dependency: str) -> Loaded:

@@ -75,6 +75,9 @@ def status_table(target: runs.Target, rows: list[runs.Row], metric: str | None) 
             text += f"\n{name}: {reason.one_line(explain.workdir(target))}"
         for host, why in row.excluded.items():
             text += f"\n{name}: leaves out {host}: {why}"
+    if any(row.excluded for row in rows):
+        again = "resubmit --failed" if target.kind == "sweep" else "resubmit"
+        text += f"\nhosts left out stay out of later attempts; `{again} --forget-exclusions` forgets them"
     used = runs.total_usage(rows)
     if target.kind == "sweep" and used is not None:
         text += (

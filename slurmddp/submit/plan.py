@@ -23,9 +23,11 @@ from slurmddp.job.spec import RankSpec, RunSettings
 from slurmddp.layout import CHECKPOINTS, LOGS
 from slurmddp.submit.script import BOOT_MODULE, render_template, sbatch_script
 
-# A rank that dies takes the whole step down at once instead of leaving its peers blocked in a
-# collective until the distributed timeout.
-SRUN_ARGS = ("--kill-on-bad-exit=1",)
+SRUN_ARGS = ("--kill-on-bad-exit=1", "--overlap")
+"""--kill-on-bad-exit: a rank that dies takes the whole step down at once instead of leaving its
+peers blocked in a collective until the distributed timeout. --overlap: a step whose node went
+silent holds its resources on the good nodes too until Slurm calls the node down; the restart's
+step shares them instead of waiting for them (seen on 22.05.8)."""
 
 
 @dataclass(frozen=True)

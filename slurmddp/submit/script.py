@@ -9,12 +9,20 @@ from typing import Any
 import jinja2
 from submitit.slurm.slurm import _make_sbatch_string
 
-from slurmddp.defaults import EXIT_FINISHED, EXIT_RESTART_IN_JOB, IN_JOB_RESTART_ENV, STOP_SIGNALS_ENV
+from slurmddp.defaults import (
+    EXIT_FINISHED,
+    EXIT_RESTART_IN_JOB,
+    IN_JOB_RESTART_ENV,
+    SLURMD_PORT_ENV,
+    STOP_SIGNALS_ENV,
+)
 
 BOOT_MODULE = "slurmddp.job.boot"
 """What each task runs first (`python -u -m BOOT_MODULE -u -m submitit.core._submit FOLDER`)."""
 ATTEMPTS_MODULE = "slurmddp.job.attempts"
 """What the batch script runs before and after srun to record the attempt and requeue it."""
+STEPWATCH_MODULE = "slurmddp.job.stepwatch"
+"""What the batch script runs beside srun to end a step whose node went silent."""
 
 
 def render_template(template: str, **values: Any) -> str:
@@ -31,6 +39,8 @@ def render_template(template: str, **values: Any) -> str:
     environment.filters["q"] = lambda value: shlex.quote(str(value))
     return environment.get_template(template).render(
         attempts_module=ATTEMPTS_MODULE,
+        stepwatch_module=STEPWATCH_MODULE,
+        slurmd_port_env=SLURMD_PORT_ENV,
         exit_finished=EXIT_FINISHED,
         exit_restart_in_job=EXIT_RESTART_IN_JOB,
         in_job_restart_env=IN_JOB_RESTART_ENV,

@@ -31,7 +31,16 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]
-from conftest import LAB_DOWN, LAB_UP, QUICKSTART, ROOT, lab_exports, run_dirs, wait_for_job  # noqa: E402
+from conftest import (  # noqa: E402
+    LAB_DOWN,
+    LAB_UP,
+    QUICKSTART,
+    ROOT,
+    lab_exports,
+    run_dirs,
+    slurm_command,
+    wait_for_job,
+)
 from faults import FAULTS, Injected, Trial, slurmddp  # noqa: E402
 from lab_control import LabDaemons  # noqa: E402
 from run_view import CheckpointLedger, FaultMissed, begins, ends, step_times  # noqa: E402
@@ -219,9 +228,10 @@ def settle(lab: LabDaemons) -> None:
     lab.resume_nodes()
     deadline = time.monotonic() + 120
     while True:
-        queue = subprocess.run(["squeue", "-h"], env=dict(lab.env), capture_output=True, text=True).stdout
-        idle = subprocess.run(
-            ["sinfo", "-h", "-N", "-t", "idle", "-o", "%N"], env=dict(lab.env), capture_output=True, text=True
+        # Checked: a failed squeue prints no job, which is not an empty queue.
+        queue = slurm_command(["squeue", "-h"], lab.env, check=True).stdout
+        idle = slurm_command(
+            ["sinfo", "-h", "-N", "-t", "idle", "-o", "%N"], lab.env, check=True
         ).stdout.split()
         if not queue.strip() and len(set(idle)) == 3:
             return

@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from conftest import parent_pid, rank_pids
+from conftest import parent_pid, rank_pids, slurm_command
 from lab_control import LabDaemons
 from run_view import (
     CheckpointLedger,
@@ -240,12 +240,9 @@ def stop_twice(trial: Trial) -> Injected:
 def preempt_first_second(trial: Trial) -> Injected:
     wait_for("the first attempt's begin", lambda: bool(begins(trial.run)), trial.run, timeout=120)
     began = begins(trial.run)[0].time
-    subprocess.run(
-        ["sbatch", "-o", str(trial.scratch / "high-%j.out"), *HIGH_JOB],
-        env=dict(trial.env),
-        check=True,
-        capture_output=True,
-    )
+    # Run again only where slurmctld cannot have taken the first (slurm.may_retry): two high jobs
+    # would preempt the run twice.
+    slurm_command(["sbatch", "-o", str(trial.scratch / "high-%j.out"), *HIGH_JOB], trial.env, check=True)
     at = time.time()
     return Injected(at, f"high partition job submitted {at - began:.2f} s after the attempt began")
 
@@ -277,10 +274,7 @@ def disk_already_small(trial: Trial) -> Injected:
 
 
 def queue_state(trial: Trial) -> str:
-    proc = subprocess.run(
-        ["squeue", "-h", "-j", trial.job_id, "-o", "%T"], env=dict(trial.env), capture_output=True, text=True
-    )
-    return proc.stdout.strip()
+    return slurm_command(["squeue", "-h", "-j", trial.job_id, "-o", "%T"], trial.env).stdout.strip()
 
 
 def step_dirs(root: Path) -> list[int]:

@@ -12,6 +12,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from conftest import slurm_command
+
 
 @dataclass(frozen=True)
 class LabDaemons:
@@ -74,7 +76,7 @@ class LabDaemons:
 
     def resume_nodes(self) -> None:
         """Nodes a fault left down or drained back in service, so the next trial has all three."""
-        listed = self._run("sinfo", "-h", "-N", "-o", "%N %t").split("\n")
+        listed = self._run("sinfo", "-h", "-N", "-o", "%N %t", check=True).split("\n")
         for node, state in (line.split() for line in listed if line.strip()):
             if state.rstrip("*~#$@") in {"down", "drain", "drng", "fail"}:
                 self._run("scontrol", "update", f"nodename={node}", "state=resume")
@@ -98,8 +100,8 @@ class LabDaemons:
                     raise TimeoutError(f"{name} did not start: see {self.state_dir}/log/{name}.log") from None
                 time.sleep(0.1)
 
-    def _run(self, *command: str) -> str:
-        proc = subprocess.run(command, env=dict(self.env), capture_output=True, text=True, check=False)
+    def _run(self, *command: str, check: bool = False) -> str:
+        proc = slurm_command(command, self.env, check=check)
         return proc.stdout + proc.stderr
 
 

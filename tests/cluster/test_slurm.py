@@ -230,3 +230,72 @@ def test_requeue_excluding_updates_a_job_slurm_requeued_itself(
     monkeypatch.setattr(slurm, "run", fake_run)
     assert slurm.requeue_excluding("77", ["node2"]) == expected
     assert [call[1] for call in calls] == ["requeuehold", "update", *(["release"] if held == 0 else [])]
+
+
+# ---- which failures are run again ----
+
+
+@pytest.mark.parametrize(
+    ("said", "expected"),
+    [
+        ("slurm_load_jobs error: Socket timed out on send/recv operation", True),
+        ("slurm_load_ctl_conf error: Unable to contact slurm controller (connect failure)", True),
+        ("slurm_load_partitions error: Unable to contact slurm controller (receive failure)", True),
+        ("squeue: error: slurm_receive_msg: Zero Bytes were transmitted or received", True),
+        ("sbatch: error: Batch job submission failed: Slurm backup controller in standby mode", True),
+        ("sacct: error: Problem talking to the database: Connection refused", True),
+        # slurmdbd stopped (22.05.8): the same errno as MaxJobCount, below, but from slurmdbd.
+        ("sacct: error: Problem talking to the database: Resource temporarily unavailable", True),
+        ("sacctmgr: error: Sending PersistInit msg: Connection reset by peer", True),
+        ("scontrol: error: slurm_send_node_msg: Transport endpoint is not connected", True),
+        ("slurm_load_jobs error: Invalid job id specified", False),
+        ("sacct: error: Slurm accounting storage is disabled", False),
+        # MaxJobCount reached (22.05.8): it lasts until MinJobAge has passed, minutes.
+        ("sbatch: error: Batch job submission failed: Resource temporarily unavailable", False),
+        ("sbatch: error: invalid partition specified: nope", False),
+        ("", False),
+    ],
+)
+def test_transient(said: str, expected: bool) -> None:
+    assert slurm.transient(said) is expected
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["squeue", "-h", "-j", "42", "-o", "%T"], True),
+        (["sacct", "-X", "-n", "-P", "-j", "42", "-o", "State"], True),
+        (["sinfo", "-h", "-o", "%P|%G|%c"], True),
+        (["sacctmgr", "-n", "-P", "show", "event", "nodes=node1"], True),
+        (["scontrol", "-o", "show", "partition"], True),
+        (["scontrol", "update", "JobId=42", "ExcNodeList=node2"], True),
+        (["scontrol", "release", "42"], True),
+        (["scancel", "42", "43"], True),
+        (["sbatch", "--test-only"], True),
+        (["/opt/slurm/bin/squeue", "-h"], True),
+        # A first try that reached slurmctld has acted: a second would act again.
+        (["scontrol", "requeue", "42"], False),
+        (["scontrol", "requeuehold", "42"], False),
+        (["scancel", "--signal=USR2", "42"], False),
+        (["scancel", "-s", "USR2", "42"], False),
+        (["sbatch", "-p", "high", "--wrap", "sleep 3"], False),
+        (["sacctmgr", "-i", "add", "account", "x"], False),
+        (["srun", "hostname"], False),
+    ],
+)
+def test_repeatable(args: list[str], expected: bool) -> None:
+    assert slurm.repeatable(args) is expected
+
+
+def test_may_retry_sends_again_what_cannot_have_arrived() -> None:
+    signal = ["scancel", "--signal=USR2", "42"]
+    read = ["squeue", "-h", "-j", "42"]
+    timeout = "Socket timed out on send/recv operation"
+    assert slurm.may_retry(read, timeout) and not slurm.may_retry(signal, timeout)
+    for unsent in (
+        "Unable to contact slurm controller (connect failure)",
+        "Problem talking to the database: Connection refused",
+        "Rate limit exceeded, please retry momentarily",
+    ):
+        assert slurm.may_retry(signal, unsent) and slurm.may_retry(read, unsent)
+    assert not slurm.may_retry(read, "Invalid job id specified")

@@ -140,6 +140,66 @@ def test_a_script_rank_that_aborts_after_the_same_step_twice_stops_the_job(
     assert failure["rank"] == 1 and "after 3 optimizer steps of this attempt" in failure["error"], failure
 
 
+# A typo on rank 1 in the function's setup, before ctx.loop: a NameError on every attempt.
+SETUP_TYPO = """
+import torch
+from slurmddp import RunContext
+
+def train(ctx: RunContext) -> dict:
+    model = torch.nn.Linear(8, 1)
+    if ctx.rank == 1:
+        modle.train()
+    for step in ctx.loop(5, model=model):
+        pass
+    return {}
+"""
+
+# A torchrun-style script started without its required argument: argparse exits 2 at once.
+NEEDS_AN_ARGUMENT = """
+import argparse
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--data", required=True)
+parser.parse_args()
+"""
+
+
+def test_the_same_crash_before_the_first_step_stops_after_two_attempts(
+    slurm_env: dict[str, str], tmp_path: Path
+) -> None:
+    """Before: 16 attempts (4 in each of 4 allocations), 113 s, since no step told the crashes
+    apart. Now the second NameError from the same line ends the run, still in its allocation."""
+    (tmp_path / "setup_typo.py").write_text(SETUP_TYPO)
+    exp = experiment(tmp_path, "setup_typo.py:train", nodes=1, tasks=2)
+    out = tmp_path / "runs"
+    proc = slurmddp(slurm_env, tmp_path, "submit", str(exp), f"output_dir={out}", "--wait")
+    assert proc.returncode != 0, proc.stdout + proc.stderr
+    run = only_run(out)
+    first, last = ends(run)
+    assert (first["reason"], first["step"], first.get("in_job")) == ("failure", None, True), first
+    assert (last["reason"], last["final"], last["restart_count"]) == ("failure", True, 0), last
+    site = f"{(tmp_path / 'setup_typo.py').resolve()}:8"
+    assert last["message"] == f"the same failure twice in a row (NameError at {site}): not retrying", last
+    job = str(json.loads((run / "manifest.json").read_text())["job_id"])
+    assert wait_for_job(job, slurm_env, timeout=60) == "FAILED"
+
+
+def test_a_script_whose_argparse_exits_at_once_stops_after_two_attempts(
+    slurm_env: dict[str, str], tmp_path: Path
+) -> None:
+    """Before: 16 attempts. Each rank records the script's status, 2, with no step made."""
+    (tmp_path / "needs_an_argument.py").write_text(NEEDS_AN_ARGUMENT)
+    exp = experiment(tmp_path, "needs_an_argument.py", nodes=1, tasks=2)
+    out = tmp_path / "runs"
+    proc = slurmddp(slurm_env, tmp_path, "submit", str(exp), f"output_dir={out}", "--wait")
+    assert proc.returncode != 0, proc.stdout + proc.stderr
+    run = only_run(out)
+    records = ends(run)
+    assert [(r["reason"], r["requeue"]) for r in records] == [("failure", True), ("failure", False)], records
+    assert "(the script exited with status 2 before any step)" in records[-1]["message"], records[-1]
+    assert json.loads((run / "failure.json").read_text())["exit_status"] == 2
+
+
 RANK0_FIRST_TRIALS = 15
 
 

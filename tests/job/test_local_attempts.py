@@ -11,7 +11,7 @@ import pytest
 
 from slurmddp.defaults import LOCAL_REQUEUE_STATUS
 from slurmddp.job import attempts, records
-from slurmddp.job.records import CANCELLED, AttemptId, End, Failure, Interrupt, Resubmit, Stop
+from slurmddp.job.records import CANCELLED, AttemptId, CodeSite, End, Failure, Interrupt, Resubmit, Stop
 
 JOB = "4242"
 
@@ -110,6 +110,18 @@ def test_completion_and_failure_are_final(tmp_path: Path) -> None:
     failed = attempts.end_local(failed_dir, me, 1, time.time())
     assert failed is not None and (failed.reason, failed.step, failed.requeue) == ("failure", 7, False)
     assert failed.message == "failure at step 7: RuntimeError('rank 1 gave up'); a local run is not retried"
+
+
+def test_a_local_failure_says_what_failed_as_on_slurm(tmp_path: Path) -> None:
+    """Never retried, with or without a step; its end names the failure as a Slurm run's does."""
+    path = run_dir(tmp_path)
+    me = start(path)
+    where = CodeSite("/src/train.py", 3, "train")
+    Failure(None, 1, "NameError('modle')", me, time.time(), exception="NameError", where=where).write(path)
+    failed = attempts.end_local(path, me, 1, time.time())
+    assert failed is not None and (failed.requeue, failed.final) == (False, True)
+    assert failed.signature == "NameError at /src/train.py:3"
+    assert failed.message == "failure: NameError('modle'); a local run is not retried"
 
 
 def test_an_attempt_is_closed_once_and_never_after_a_cancel(tmp_path: Path) -> None:

@@ -103,10 +103,11 @@ def test_launcher_mpi_adds_the_srun_mpi_plugin(tmp_path: Path) -> None:
     launched = load_experiment(exp, ["dist.launcher=mpi"]).experiment
     assert slurm_parameters(launched, tmp_path, "python")["srun_args"] == [
         "--kill-on-bad-exit=1",
+        "--overlap",
         "--mpi=pmi2",
     ]
     plain = load_experiment(exp).experiment
-    assert slurm_parameters(plain, tmp_path, "python")["srun_args"] == ["--kill-on-bad-exit=1"]
+    assert slurm_parameters(plain, tmp_path, "python")["srun_args"] == ["--kill-on-bad-exit=1", "--overlap"]
 
 
 def test_mpiexec_runs_a_four_rank_ddp_job(tmp_path: Path) -> None:

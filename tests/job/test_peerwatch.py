@@ -23,7 +23,7 @@ from conftest import only_run, slurmddp
 from dist_envs import dist_env
 from torch._C._distributed_c10d import TCPStore
 
-from slurmddp.job import peerwatch
+from slurmddp.job import peerwatch, watchkey
 from slurmddp.job.distenv import DistEnv
 from slurmddp.job.records import AttemptId, Failure
 
@@ -36,14 +36,16 @@ import sys, time
 from datetime import timedelta
 from pathlib import Path
 from torch.distributed import TCPStore
-from slurmddp.job import peerwatch
+from slurmddp.job import peerwatch, watchkey
 from slurmddp.job.distenv import DistEnv
 
 rank, port, run_dir, hosts = int(sys.argv[1]), int(sys.argv[2]), Path(sys.argv[3]), sys.argv[4:]
 world = len(hosts)
 store = TCPStore("127.0.0.1", port, world, rank == 0, timedelta(seconds=30), wait_for_workers=False)
 dist = DistEnv(rank, 0, world, 1, rank, world, "127.0.0.1", port, "7", 0, None)
-watch = peerwatch.PeerWatch(store, dist, run_dir, hosts, lambda message: print("LOST", message, flush=True))
+watch = peerwatch.PeerWatch(
+    store, dist, run_dir, hosts, lambda message: print("LOST", message, flush=True), watchkey.run_key(run_dir)
+)
 if rank:  # taken in by rank 0, and so watched, before it is killed
     watch._welcomed.wait(30)
 print("READY", flush=True)
@@ -69,7 +71,7 @@ class Rank:
             job_id="7",
         )
         self.dist: DistEnv = dist
-        self.watch = peerwatch.PeerWatch(store, dist, run_dir, HOSTS, self._lost)
+        self.watch = peerwatch.PeerWatch(store, dist, run_dir, HOSTS, self._lost, watchkey.run_key(run_dir))
 
     def _lost(self, message: str) -> None:
         self.messages.append(message)
@@ -100,7 +102,7 @@ def client(port: int) -> Any:
 def connected(ranks: list[Rank], children: int) -> None:
     """Wait until rank 0 has heard every other rank name itself."""
     deadline = time.monotonic() + WAIT_S
-    while len([r for r in ranks[0].watch._peers.values() if r is not None]) < len(ranks) - 1 + children:
+    while len([p for p in ranks[0].watch._peers.values() if p.rank is not None]) < len(ranks) - 1 + children:
         assert time.monotonic() < deadline, "the ranks never connected"
         time.sleep(0.01)
 
@@ -293,13 +295,16 @@ def test_a_rank_blocked_outside_python_is_ended_when_its_peer_dies(tmp_path: Pat
         from datetime import timedelta
         from pathlib import Path
         from torch.distributed import TCPStore
-        from slurmddp.job import peerwatch
+        from slurmddp.job import peerwatch, watchkey
         from slurmddp.job.distenv import DistEnv
 
         port, run_dir = int(sys.argv[1]), Path(sys.argv[2])
         store = TCPStore("127.0.0.1", port, 2, True, timedelta(seconds=30), wait_for_workers=False)
         dist = DistEnv(0, 0, 2, 1, 0, 2, "127.0.0.1", port, "7", 0, None)
-        peerwatch.PeerWatch(store, dist, run_dir, ["node1", "node2"], peerwatch.end_process(0, lambda: None))
+        peerwatch.PeerWatch(
+            store, dist, run_dir, ["node1", "node2"], peerwatch.end_process(0, lambda: None),
+            watchkey.run_key(run_dir),
+        )
         print("READY", flush=True)
         BLOCK
         print("still here", flush=True)
@@ -374,3 +379,62 @@ def test_three_local_ranks_end_at_once_when_one_is_killed_while_the_others_block
     ends = [json.loads(line) for line in (run / "attempts.jsonl").read_text().splitlines()]
     assert ends[-1]["event"] == "end" and ends[-1]["status"] == peerwatch.PEER_LOST_EXIT_STATUS, ends[-1]
     assert took < 300, f"{took:.0f} s: the blocked ranks were not ended"
+
+
+STRANGERS = [
+    b"3\n",  # a bare rank number: the old protocol's "I am rank 3"
+    b"GET / HTTP/1.1\r\nHost: node1\r\n\r\n",
+    b"1 " + b"0" * 64 + b"\n",  # rank 1 with a made-up proof
+    b"x" * (4 * peerwatch.MAX_LINE),  # no line at all
+    b"\xff\xfe\x00\n\n\n",
+]
+
+
+def test_strangers_on_the_watch_port_are_dropped_and_the_watch_goes_on(tmp_path: Path) -> None:
+    """Anyone on the cluster can reach the port: what they send counts for nothing, and a rank
+    killed afterwards still ends the others within a second."""
+    port = free_port()
+    master = TCPStore("127.0.0.1", port, 4, True, timedelta(seconds=30), wait_for_workers=False)
+    ranks = [Rank(master, 0, port, tmp_path), Rank(client(port), 1, port, tmp_path)]
+    child = spawn(3, port, tmp_path)
+    connected(ranks, 1)
+    watch_port = int(master.get(peerwatch.ADDRESS_KEY))
+    lingering = socket.create_connection(("127.0.0.1", watch_port))  # says nothing, stays
+    for said in STRANGERS:
+        with socket.create_connection(("127.0.0.1", watch_port)) as stranger:
+            stranger.sendall(said)
+            time.sleep(0.05)
+    assert not any(rank.told.wait(3 * peerwatch.GATHER_S) for rank in ranks)
+    killed = time.monotonic()
+    os.kill(child.pid, signal.SIGKILL)
+    child.wait()
+    for rank in ranks:
+        assert rank.told.wait(WAIT_S), f"rank {rank.dist.rank} was not told"
+    took = time.monotonic() - killed
+    assert took < 1.0, f"{took:.2f} s"
+    assert ranks[0].messages[0].startswith("rank 3 on node2 ended without a word")
+    lingering.close()
+
+
+def test_a_port_that_cannot_prove_it_is_rank_0s_ends_no_rank(tmp_path: Path) -> None:
+    """A stranger's server published as rank 0's watch: its "lost" is not believed."""
+    port = free_port()
+    master = TCPStore("127.0.0.1", port, 4, True, timedelta(seconds=30), wait_for_workers=False)
+    fake = socket.create_server(("127.0.0.1", 0))
+    master.set(peerwatch.ADDRESS_KEY, str(fake.getsockname()[1]))
+    rank = Rank(client(port), 1, port, tmp_path)
+    conn, _ = fake.accept()
+    conn.sendall(b"hello 1234\n")
+    assert conn.recv(200).startswith(b"1 ")  # the rank answered the challenge
+    conn.sendall(b"ok " + b"0" * 64 + b"\nlost you are dead\n")
+    assert not rank.told.wait(3 * peerwatch.GATHER_S)
+    assert not rank.watch._welcomed.is_set()
+    conn.close()
+    fake.close()
+
+
+def test_the_run_key_is_made_once_and_only_its_owner_reads_it(tmp_path: Path) -> None:
+    key = watchkey.run_key(tmp_path)
+    assert watchkey.run_key(tmp_path) == key and len(key) == watchkey.KEY_BYTES
+    assert (tmp_path / ".watch-key").stat().st_mode & 0o777 == 0o600
+    assert [p.name for p in tmp_path.iterdir()] == [".watch-key"]  # no temporary file left

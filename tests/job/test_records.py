@@ -146,6 +146,15 @@ def test_a_failure_written_before_the_exception_fields_still_reads(tmp_path: Pat
     assert Failure.read_all(tmp_path) == [Failure(None, 3, "RuntimeError('x')", AttemptId("5", 0), 1.0)]
 
 
+def test_a_scripts_exit_status_is_kept_and_left_out_where_there_is_none(tmp_path: Path) -> None:
+    script = Failure(None, 1, "python train.py exited with status 2", ME, 1.0, exit_status=2)
+    script.write(tmp_path)
+    assert on_disk(tmp_path / "failure.json")["exit_status"] == 2
+    assert Failure.read_for(tmp_path, ME) == script
+    Failure(None, 0, "rank 1 ended without a word", AttemptId("77", 1), 2.0).write(tmp_path)
+    assert "exit_status" not in on_disk(tmp_path / "failure.json")
+
+
 def test_interrupt_and_exclusions(tmp_path: Path) -> None:
     Interrupt("timeout", ME).write(tmp_path)
     assert on_disk(tmp_path / "interrupt.json") == {"reason": "timeout", "job_id": "77", "restart_count": 0}
@@ -166,6 +175,8 @@ def test_attempt_lines_keep_their_keys(tmp_path: Path) -> None:
         Begin(0, 1.0, "node1", "node[1-2]", ME),
         End("killed", None, 2.0, requeue=True, final=False, message="killed", attempt=0),
         End("preemption", 5, 3.0, requeue=True, final=False, message="m", attempt=0, status=0, attempt_id=ME),
+        # A failure says what failed, which the next failure is compared with.
+        End("failure", None, 3.5, True, False, "m", 1, 1, ME, in_job=True, signature="NameError at t.py:3"),
         Resubmit(4.0, ["resubmit", "x"]),
         Resubmit(5.0, ["resubmit", "y"], ["resources.time"], [2, 4]),
         End("cancelled", None, 6.0, requeue=False, final=True, message="cancelled by the user"),
@@ -186,6 +197,21 @@ def test_attempt_lines_keep_their_keys(tmp_path: Path) -> None:
             "reason",
             "requeue",
             "restart_count",
+            "status",
+            "step",
+            "time",
+        ],
+        [
+            "attempt",
+            "event",
+            "final",
+            "in_job",
+            "job_id",
+            "message",
+            "reason",
+            "requeue",
+            "restart_count",
+            "signature",
             "status",
             "step",
             "time",

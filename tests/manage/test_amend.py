@@ -27,6 +27,13 @@ def test_hosts_left_out_read_as_the_exclude_override() -> None:
     assert base.experiment.resources.exclude == "node1"  # the loaded experiment itself is left as it was
 
 
+def test_no_hosts_left_out_read_as_an_exclude_unset() -> None:
+    base = load_experiment(EXPERIMENT, ["resources.exclude=node2"])
+    amended = with_exclude(base, [])
+    same(amended, load_experiment(EXPERIMENT, ["resources.exclude=node2", "resources.exclude=null"]))
+    assert amended.experiment.resources.exclude is None
+
+
 def test_a_dependency_joins_the_other_sbatch_options() -> None:
     base = load_experiment(EXPERIMENT, ["resources.sbatch.mail-type=END"])
     amended = with_dependency(base, "afterany:4242")

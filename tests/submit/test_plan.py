@@ -37,7 +37,7 @@ def test_quickstart_slurm_plan(tmp_path: Path) -> None:
     assert plan.world_size == 4
     params = plan.parameters
     assert (params["nodes"], params["ntasks_per_node"], params["time"]) == (2, 2, 10)
-    assert "gpus_per_node" not in params and params["srun_args"] == ["--kill-on-bad-exit=1"]
+    assert "gpus_per_node" not in params and params["srun_args"] == ["--kill-on-bad-exit=1", "--overlap"]
     assert plan.rank.function == f"{ROOT / 'examples' / 'quickstart_train.py'}:train"
     assert plan.rank.env == {"OMP_NUM_THREADS": "1"}
     script = plan.batch_script()

@@ -38,13 +38,27 @@ slurmddp_begin=$?
 if [ "$slurmddp_begin" -eq 3 ]; then exit 0; elif [ "$slurmddp_begin" -ne 0 ]; then exit "$slurmddp_begin"; fi
 eval "$slurmddp_place"
 module load cuda/12.4
+# slurmddp: the training step's srun runs in the background beside a watch that ends it once a node
+# of the step is found silent: srun itself would wait for that node's tasks until Slurm calls the
+# node down (SlurmdTimeout), long after every other rank ended. The peer watch knocks at slurmd's port.
+export SLURMDDP_SLURMD_PORT="$(scontrol show config 2>/dev/null | sed -n 's/^SlurmdPort *= *//p')"
+srun() {
+  command srun "$@" &
+  slurmddp_srun=$!
+  PYTHON -m slurmddp.job.stepwatch RUN_DIR "$slurmddp_srun" &
+  slurmddp_stepwatch=$!
+  # A trapped signal (the TERM above) interrupts wait: wait again until srun itself has ended.
+  while wait "$slurmddp_srun"; kill -0 "$slurmddp_srun" 2>/dev/null; do :; done
+  kill -KILL "$slurmddp_stepwatch" 2>/dev/null
+  wait "$slurmddp_srun"
+}
 # slurmddp: a failed attempt starts again as a new srun step of this allocation
 # (requeue.in_job_restarts); the loop ends in the teardown.
 while :; do
 
 # command
 export SUBMITIT_EXECUTOR=slurm
-srun --unbuffered --output RUN_DIR/logs/%j_%t_log.out --error RUN_DIR/logs/%j_%t_log.err --kill-on-bad-exit=1 PYTHON -u -m slurmddp.job.boot -u -m submitit.core._submit RUN_DIR/logs
+srun --unbuffered --output RUN_DIR/logs/%j_%t_log.out --error RUN_DIR/logs/%j_%t_log.err --kill-on-bad-exit=1 --overlap PYTHON -u -m slurmddp.job.boot -u -m submitit.core._submit RUN_DIR/logs
 
 
 # teardown
