@@ -10,14 +10,14 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-QUICKSTART = ROOT / "examples" / "synthetic.yaml"
+SYNTHETIC = ROOT / "examples" / "synthetic.yaml"
 
 
-def submit(out: Path, *overrides: str) -> Path:
-    """Submit quickstart with `overrides`; return its run directory."""
+def submit(out: Path, *overrides: str, experiment: Path = SYNTHETIC) -> Path:
+    """Submit `experiment` (the synthetic example) with `overrides`; return its run directory."""
     before = set(out.glob("*/*/manifest.json"))
     subprocess.run(
-        [sys.executable, "-m", "slurmddp", "submit", str(QUICKSTART), *overrides, f"output_dir={out}"],
+        [sys.executable, "-m", "slurmddp", "submit", str(experiment), *overrides, f"output_dir={out}"],
         check=True,
         stdout=subprocess.DEVNULL,
     )

@@ -2,24 +2,31 @@
 (requeue.in_job_restarts, default 3), through the queue (requeue.in_job_restarts=0), and a node
 lost with a spare to take its place (resources.spare_nodes=1).
 
-On the lab cluster (SLURM_CONF set): the synthetic example, 2 nodes x 2 ranks, a checkpoint every
-100 steps, at a random step between 150 and 450: `in-job` and `queue` SIGKILL rank 3 (second
-node); `spare` SIGKILLs both ranks of the second node and drains it (resumed after the run). The
-three alternate, --rounds runs each. Per run and as medians it prints:
+On the lab cluster (the lab's export line in the environment: `eval "$(tests/slurm_lab/up)"`),
+2 nodes x 2 ranks, a checkpoint every 100 steps, at a random step between 150 and 450, the
+synthetic example (no loader workers) or, with `--example quickstart`, the quickstart as shipped
+(2 loader workers a rank): `in-job` and `queue` SIGKILL rank 3 (second node); `spare` SIGKILLs
+both ranks of the second node and drains it (resumed after the run); `silent` makes the second
+node go silent (its link down, every process on it stopped: nothing sends a FIN) with a spare to
+take its place, and `silent-queue` the same without a spare (the job is requeued excluding it;
+the node comes back once the requeue is recorded, so that Slurm can close the old allocation).
+The scenarios alternate, --rounds runs each. Per run and as medians it prints:
 
-    teardown    the kill -> the attempt's end record (srun returned; the batch script decided)
+    teardown    the fault -> the attempt's end record (srun returned or was ended; the batch
+                script decided)
     relaunch    the end record -> the next attempt's begin record
     first step  that begin -> the restarted attempt's first progress record (its first step done)
 
 and whether the job went through the queue (sacct shows a REQUEUED incarnation). Every run must
 end COMPLETED with the parameters of an uninterrupted run of the same settings, run first.
 
-    python benchmarks/restart_latency.py [--rounds 5]
+    python benchmarks/restart_latency.py [--rounds 5] [--example quickstart] [--scenarios in-job,silent]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -28,10 +35,11 @@ import statistics
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from labjobs import ends, gone, job_id, read_json, step, submit, wait_for
+from labjobs import ROOT, SYNTHETIC, ends, gone, job_id, read_json, step, submit, wait_for
 
 from slurmddp.cluster import hostlist
 
@@ -70,38 +78,53 @@ def requeued(job: str) -> bool:
     return "REQUEUED" in out
 
 
-SETTINGS = ("train.steps=1500", "train.log_every=500", "checkpoint.every_steps=100")
+EXAMPLES = {
+    "synthetic": (SYNTHETIC, ("train.steps=1500", "train.log_every=500", "checkpoint.every_steps=100")),
+    "quickstart": (ROOT / "examples" / "quickstart.yaml", ("train.epochs=40", "checkpoint.every_steps=100")),
+}
+SPARE = {"spare", "silent"}
 
 
 def digest(run: Path) -> str:
     return str(json.loads((run / "result.json").read_text())["result"]["param_sha256"])
 
 
-def uninterrupted(out: Path) -> str:
-    run = submit(out, *SETTINGS)
+def uninterrupted(out: Path, example: str) -> str:
+    experiment, settings = EXAMPLES[example]
+    run = submit(out, *settings, experiment=experiment)
     wait_for("the uninterrupted run", lambda: gone(job_id(run)), timeout=900)
     return digest(run)
 
 
-def one(out: Path, scenario: str, kill_at: int, reference: str) -> Row:
+def one(out: Path, example: str, scenario: str, kill_at: int, reference: str) -> Row:
+    experiment, settings = EXAMPLES[example]
     run = submit(
         out,
-        *SETTINGS,
+        *settings,
         f"requeue.in_job_restarts={0 if scenario == 'queue' else 3}",
-        f"resources.spare_nodes={1 if scenario == 'spare' else 0}",
+        f"resources.spare_nodes={1 if scenario in SPARE else 0}",
+        experiment=experiment,
     )
     wait_for(f"step {kill_at}", lambda: step(run) >= kill_at)
     killed = read_json(run / "progress.json")
-    victims = [rank_pid(run, 3)] + ([rank_pid(run, 2)] if scenario == "spare" else [])
     node = hostlist.expand(next(r for r in records(run) if r["event"] == "begin")["nodes"])[-1]
-    killed_at = time.time()
-    for pid in victims:
-        os.kill(pid, signal.SIGKILL)
+    revive = None
+    if scenario.startswith("silent"):
+        revive = silence(node)
+        killed_at = time.time()
+    else:
+        victims = [rank_pid(run, 3)] + ([rank_pid(run, 2)] if scenario == "spare" else [])
+        killed_at = time.time()
+        for pid in victims:
+            os.kill(pid, signal.SIGKILL)
     if scenario == "spare":
         subprocess.run(
             ["scontrol", "update", f"nodename={node}", "state=drain", "reason=benchmark"], check=True
         )
     end = wait_for("the attempt to end", lambda: ends(run), timeout=300)[0]
+    if scenario == "silent-queue" and revive is not None:
+        revive()  # Slurm closes the old allocation, and starts the requeued job, once it hears the node
+        revive = None
     begins = wait_for("the next attempt", lambda: [r for r in records(run) if r["event"] == "begin"][1:])
     began = begins[0]
 
@@ -113,6 +136,9 @@ def one(out: Path, scenario: str, kill_at: int, reference: str) -> Row:
         return None if same else progress
 
     first = wait_for("the restarted attempt's first step", restarted, timeout=300)
+    wait_for("the run's result", lambda: (run / "result.json").exists(), timeout=900)
+    if revive is not None:
+        revive()
     if scenario == "spare":
         subprocess.run(["scontrol", "update", f"nodename={node}", "state=resume"], check=True)
     wait_for("the job to end", lambda: gone(job_id(run)), timeout=900)
@@ -129,19 +155,55 @@ def one(out: Path, scenario: str, kill_at: int, reference: str) -> Row:
     )
 
 
+def silence(node: str) -> Callable[[], None]:
+    """`node` as a node that died looks from outside: its link down, every process on it stopped.
+    Returns what brings it back (and waits until Slurm has it idle again)."""
+    netns = os.environ["SLURMDDP_LAB_NETNS_PREFIX"] + node
+    veth = os.environ["SLURMDDP_LAB_VETH_PREFIX"] + node.removeprefix("node")
+    subprocess.run(["ip", "link", "set", veth, "down"], check=True)
+    listed = subprocess.run(["ip", "netns", "pids", netns], capture_output=True, text=True, check=True)
+    frozen = [int(pid) for pid in listed.stdout.split()]
+    for pid in frozen:
+        os.kill(pid, signal.SIGSTOP)
+
+    def revive() -> None:
+        # Back as a rebooted node: without the job's processes; Slurm's daemons go on.
+        for pid in frozen:
+            with contextlib.suppress(OSError):
+                if Path(f"/proc/{pid}/comm").read_text().strip() not in ("slurmd", "slurmstepd"):
+                    os.kill(pid, signal.SIGKILL)
+                os.kill(pid, signal.SIGCONT)
+        subprocess.run(["ip", "link", "set", veth, "up"], check=True)
+
+        seen: list[str] = []
+
+        def idle() -> bool:
+            said = subprocess.run(["sinfo", "-h", "-n", node, "-o", "%T"], capture_output=True, text=True)
+            seen[:] = said.stdout.split()[:1]
+            return seen == ["idle"]
+
+        try:
+            wait_for(f"{node} idle again", idle, timeout=300)
+        except SystemExit:
+            raise SystemExit(f"{node} not idle 300 s after it came back: sinfo says {seen}") from None
+
+    return revive
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--scenarios", default="in-job,queue,spare")
+    parser.add_argument("--example", choices=sorted(EXAMPLES), default="synthetic")
     args = parser.parse_args()
     rows: dict[str, list[Row]] = {name: [] for name in args.scenarios.split(",")}
     chooser = random.Random(26)
     with tempfile.TemporaryDirectory(dir=Path.cwd()) as tmp:
-        reference = uninterrupted(Path(tmp))
+        reference = uninterrupted(Path(tmp), args.example)
         for round_ in range(args.rounds):
             for name in rows:
                 kill_at = chooser.randrange(150, 450)
-                row = one(Path(tmp), name, kill_at, reference)
+                row = one(Path(tmp), args.example, name, kill_at, reference)
                 rows[name].append(row)
                 teardown, relaunch, first, queued = row
                 print(

@@ -46,12 +46,16 @@ NCCL_TRACE = "nccl_trace"
 DDP_BUCKETS = "ddp"
 """A script's DDP gradient-bucket layouts, recorded for its later attempts (job/ddp_buckets.py)."""
 EXCLUDED = "excluded.json"
-"""Hosts the run leaves out, and why: a failed preflight, a device error, a rank that hung."""
+"""Hosts the run leaves out, and why: for the rest of the run where confirmed (Slurm saw the node
+go down, a failed check, a device error, a silent host), for one allocation where only suspected
+(a node's ranks all died at once, a hang's culprit)."""
 STEP_HOSTS = "hosts"
 """With spare nodes: one file an attempt, the hosts its srun step runs on (srun's SLURM_HOSTFILE)."""
 WATCH_KEY = ".watch-key"
 """The run's secret (mode 0600): a connection to a rank's peer watch proves with it that it comes
 from a rank of this run (job/watchkey.py)."""
+UNWATCHED = "unwatched"
+"""One file a rank (rank_N.json) whose peer watch could not start or stopped: status says so."""
 HANGS = "hangs"
 """The watchdog's findings, one folder an attempt: every rank's stacks and where it was."""
 PROBE = "probe"

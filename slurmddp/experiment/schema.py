@@ -276,11 +276,15 @@ class Requeue:
     max_preemptions: int = BUDGETS["preemption"]
     """Requeues after a preemption; -1 (default) for no limit."""
     max_failures: int = BUDGETS["failure"]
-    """Requeues after a crash (a rank died or raised), once the in-job restarts of the allocation
-    are used up; a crash at the same step as the one before stops at once."""
+    """Requeues after a crash (a rank died or raised), once the in-job restarts are used up; a
+    crash at the same step as the one before, or the same failure again with no step gained
+    (the same exception from the same line of your code, the same death before any step), stops
+    at once."""
     in_job_restarts: int = IN_JOB_RESTARTS
     """Restarts after a crash inside the allocation, as a new srun step from the newest checkpoint,
-    before the job goes back to the queue; per allocation. 0: every crash requeues."""
+    before the job goes back to the queue. Only restarts in a row that gained no step count (a run
+    that keeps getting further keeps its allocation), and the count goes on across requeues.
+    0: every crash requeues."""
 
     def __post_init__(self) -> None:
         _at_least("requeue.signal_lead_s", self.signal_lead_s, 10)

@@ -30,7 +30,7 @@ from pathlib import Path
 from slurmddp.cluster import hostlist, slurm
 from slurmddp.defaults import EXIT_FINISHED, EXIT_RESTART_IN_JOB, LOCAL_REQUEUE_STATUS, RequeueReason
 from slurmddp.files import write_atomic
-from slurmddp.job import records
+from slurmddp.job import records, watchkey
 from slurmddp.job.records import CANCELLED, AttemptId, Begin, End, Exclusions, Failure, Interrupt, Stop
 from slurmddp.job.requeue import (
     Decision,
@@ -82,28 +82,41 @@ def begin(
     me = AttemptId.from_env(env)
     settings = Settings.of_run(run_dir)
     nodes = env.get("SLURM_JOB_NODELIST", "")
-    bad = set(Exclusions.read(run_dir).hosts) | settings.user_excluded()
+    excluded = Exclusions.read(run_dir)
+    # The step runs without this allocation's suspects too; the queue is asked to leave out only
+    # the hosts left out for good.
+    bad = set(excluded.applying_to(me)) | settings.user_excluded()
+    lasting = set(excluded.hosts) | settings.user_excluded()
     if settings.resources.spare_nodes:
         hosts = step_hosts(env, settings, bad)
         if hosts is None:
-            return _requeue_without(bad, env, f"too few good nodes left in allocation {nodes} to train on")
+            return _requeue_without(
+                lasting, env, f"too few good nodes left in allocation {nodes} to train on"
+            )
         nodes = ",".join(hosts)
         # The batch script evaluates this: srun then starts the step on these hosts only.
         print(place_step(run_dir, me, hosts, settings.resources.ranks_per_node))
     elif me.in_job_restart and bad & set(hostlist.expand(nodes)):
         # A node went down after the last attempt's end looked (Slurm's view lags a moment): a
         # new step here would start on it.
-        return _requeue_without(bad, env, f"{', '.join(sorted(bad & set(hostlist.expand(nodes))))} went down")
+        return _requeue_without(
+            lasting, env, f"{', '.join(sorted(bad & set(hostlist.expand(nodes))))} went down"
+        )
     records.append_attempt(run_dir, Begin(started, now, socket.gethostname(), nodes, me))
+    # Before any rank looks for it: on a shared file system a node that asked for the name before
+    # it existed may be told it is missing for a while (NFS caches the answer).
+    watchkey.run_key(run_dir)
     return 0
 
 
 def _requeue_without(bad: set[str], env: Mapping[str, str], why: str) -> int:
-    """No step can start in this allocation: back to the queue, leaving out the `bad` nodes. The
-    batch script's status: EXIT_FINISHED (it exits, and the requeued job starts it again)."""
+    """No step can start in this allocation: back to the queue, leaving out the `bad` nodes (none:
+    the job's excluded nodes stay as they are). The batch script's status: EXIT_FINISHED (it
+    exits, and the requeued job starts it again)."""
     target = requeue_target(env)
-    print(f"slurmddp: {why}; requeueing {target} without {', '.join(sorted(bad))}", file=sys.stderr)
-    refused = slurm.requeue_excluding(target, sorted(bad))
+    without = f" without {', '.join(sorted(bad))}" if bad else ""
+    print(f"slurmddp: {why}; requeueing {target}{without}", file=sys.stderr)
+    refused = slurm.requeue_excluding(target, sorted(bad)) if bad else slurm.requeue(target)
     if refused is not None:
         print(f"slurmddp: scontrol requeue {target}: {refused}", file=sys.stderr)
         return 1
@@ -156,8 +169,9 @@ def end(
             run_dir, status, env, settings, preempt_time, time_left, partition_nodes, failed_nodes
         )
         attempt = max(0, len(records.begins(events)) - 1)
-        if decision.leave_out:
-            Exclusions.read(run_dir).adding(decision.leave_out, attempt, now).write(run_dir)
+        if decision.leave_out or decision.set_aside:
+            excluded = Exclusions.read(run_dir).adding(decision.leave_out, attempt, now)
+            excluded.setting_aside(decision.set_aside, attempt, now, me.allocation).write(run_dir)
         ended = End(
             decision.reason,
             decision.step,
@@ -178,6 +192,7 @@ def end(
     if not decision.requeue:
         return 0 if decision.reason == "completed" else 1
     target = requeue_target(env)
+    # Those left out for good, not this allocation's suspects: the next allocation may hold them.
     found = set(Exclusions.read(run_dir).hosts)
     # The user's resources.exclude too: the update replaces the job's list.
     hosts = sorted(found | settings.user_excluded()) if found else []

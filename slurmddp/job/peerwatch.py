@@ -51,7 +51,7 @@ from typing import TYPE_CHECKING
 
 from slurmddp.job import forks, liveness, watchkey
 from slurmddp.job.distenv import DistEnv, rank_hosts
-from slurmddp.job.records import AttemptId, Failure
+from slurmddp.job.records import AttemptId, Failure, Unwatched
 from slurmddp.job.spec import RankSpec
 
 if TYPE_CHECKING:
@@ -148,6 +148,7 @@ class PeerWatch:
                 port = int(store.get(ADDRESS_KEY))
             except Exception as exc:
                 self._say(f"warning: no peer watch ({exc!r}): a peer that dies without a word is found late")
+                self._unwatched(f"could not start: the store has no watch address ({exc!r})")
                 return
             target = functools.partial(self._follow, port)
         threading.Thread(target=self._running(target), name="slurmddp-peerwatch", daemon=True).start()
@@ -186,11 +187,18 @@ class PeerWatch:
                     f"warning: the peer watch stopped ({exc!r}): a peer that dies without a word is "
                     "found late from now on"
                 )
+                self._unwatched(f"stopped ({exc!r})")
 
         return run
 
     def _say(self, text: str) -> None:
         print(f"slurmddp: rank {self._dist.rank}: {text}", file=sys.stderr, flush=True)
+
+    def _unwatched(self, what: str) -> None:
+        """Record for `status` that this rank's watch `what` (its log says so too)."""
+        # A rank trains on without its watch: a run directory it cannot write to must not end it.
+        with contextlib.suppress(OSError):
+            Unwatched(self._dist.rank, what, AttemptId.of(self._dist), time.time()).write(self._run_dir)
 
     # ---- rank 0 ----
 
@@ -240,7 +248,10 @@ class PeerWatch:
         return True
 
     def _take(self, selector: selectors.BaseSelector) -> None:
-        conn, address = self._server.accept()
+        try:
+            conn, address = self._server.accept()
+        except OSError:
+            return  # out of descriptors, or the peer gone again: nothing taken in
         forks.keep_from_children(conn)
         liveness.keepalive(conn)
         if len(self._unproven) >= MAX_UNPROVEN:
@@ -254,7 +265,9 @@ class PeerWatch:
     def _read(self, conn: socket.socket, selector: selectors.BaseSelector) -> tuple[int, str, bool] | None:
         """Take what a connection says; (rank, its address, whether its host went quiet) when a
         proven rank's connection ended."""
-        peer = self._peers[conn]
+        peer = self._peers.get(conn)
+        if peer is None:
+            return None  # dropped earlier in the same round of events (a flood's oldest stranger)
         try:
             data = conn.recv(4096)
         except OSError as exc:
@@ -430,6 +443,9 @@ class PeerWatch:
             self._key, welcome[len(_WELCOME) :].decode(errors="replace"), nonce, "ok", rank
         ):
             self._say("warning: the peer watch's port did not prove it is rank 0's: not watching")
+            self._unwatched(
+                "did not start: the port published as rank 0's watch did not prove it is rank 0's"
+            )
             return False
         return not self._left.is_set()
 

@@ -7,7 +7,8 @@ the JSON keys are the contract: they stay as runs written by earlier versions ha
     failure.json    Failure      a rank's crash, a hang, a failed preflight, a refused job
     interrupt.json  Interrupt    `slurmddp interrupt`: the reason its signal stands for
     attempts.jsonl  Begin, End, Resubmit: every attempt's begin and end, and each resubmit
-    excluded.json   Exclusions   hosts the run leaves out, and why
+    excluded.json   Exclusions   hosts the run leaves out, and why: for the run, or for one allocation
+    unwatched/      Unwatched    a rank whose peer watch could not start or stopped: one file a rank
     result.json     completed_by: whether an attempt's ranks all returned (job/runtime.py writes it)
 
 Records of one attempt name it (AttemptId): a file left by an earlier attempt is not this one's.
@@ -26,7 +27,18 @@ from slurmddp.defaults import EndReason, RequeueReason
 from slurmddp.files import read_json_object, write_json
 from slurmddp.job import distenv
 from slurmddp.job.distenv import DistEnv
-from slurmddp.layout import ATTEMPTS, CONFIG, EXCLUDED, FAILURE, INTERRUPT, PROGRESS, RESULT, STOP, SWEEP
+from slurmddp.layout import (
+    ATTEMPTS,
+    CONFIG,
+    EXCLUDED,
+    FAILURE,
+    INTERRUPT,
+    PROGRESS,
+    RESULT,
+    STOP,
+    SWEEP,
+    UNWATCHED,
+)
 
 CANCELLED: EndReason = "cancelled"
 """The reason `slurmddp cancel` records: final, and never requeued."""
@@ -54,6 +66,12 @@ class AttemptId:
     def of(cls, dist: DistEnv) -> AttemptId:
         """The attempt a rank belongs to."""
         return cls(dist.job_id, dist.restart_count, dist.in_job_restart)
+
+    @property
+    def allocation(self) -> str:
+        """The allocation this attempt runs in, "JOB.RESTART_COUNT": every in-job restart of it
+        shares it, and a requeue starts another."""
+        return f"{self.job_id}.{self.restart_count}"
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> AttemptId:
@@ -207,7 +225,8 @@ class Failure:
     attempt: AttemptId
     time: float
     bad_hosts: dict[str, str] | None = None
-    """Hosts found broken, with why: the requeued job runs without them."""
+    """Hosts confirmed broken, with why (a failed preflight or device check, a device's own error,
+    a host that stopped answering even a new connection): the run goes on without them."""
     retry: bool | None = None
     """False: the same job would fail the same way (a refused pickle, a failed preflight)."""
     cause: str | None = None
@@ -220,8 +239,9 @@ class Failure:
     where: CodeSite | None = None
     """The innermost frame of the user's own code (not Python's, a library's or slurmddp's)."""
     suspect_hosts: dict[str, str] | None = None
-    """Hosts whose every rank died while other nodes' ranks lived on (job/peerwatch.py): likely,
-    not proven, broken; a spare node takes their place where one is left, else they stay."""
+    """Hosts whose every rank died while other nodes' ranks lived on (job/peerwatch.py), or those a
+    hang's diagnosis blames (job/watchdog.py): likely, not proven, broken; a spare node takes their
+    place for the rest of the allocation where one is left, else they stay."""
     exit_status: int | None = None
     """A script rank: the status the script exited with (negative: the signal that ended it),
     which tells one script failure from another where no Python exception reached slurmddp."""
@@ -503,32 +523,112 @@ class Exclusion:
     reason: str
     attempt: int
     time: float
+    allocation: str | None = None
+    """Left out of this allocation only (AttemptId.allocation): suspected, not confirmed, so a
+    requeue or a resubmit may give it ranks again. None: left out for the rest of the run."""
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Exclusion:
+        allocation = data.get("allocation")
+        return cls(
+            str(data["reason"]),
+            int(data.get("attempt") or 0),
+            float(data.get("time") or 0.0),
+            None if allocation is None else str(allocation),
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return _without_none(vars(self))
 
 
 @dataclass(frozen=True)
 class Exclusions:
-    """excluded.json: the hosts this run leaves out, oldest first."""
+    """excluded.json: the hosts this run leaves out, oldest first.
+
+    A host is in one of two maps. `hosts`: confirmed (Slurm saw it go down, a check or its device
+    said so), left out of every later attempt, of the requeue's ExcNodeList and of a resubmit.
+    `set_aside`: only suspected (its ranks died together; a hang blamed it), left out of the
+    restarts of the allocation it names, so one runs on a spare instead; the next allocation may
+    hold it again. Two keys in the file, not a mark on one map's entries: a slurmddp from before
+    the split reads only `hosts`, and so never leaves a suspect out for good."""
 
     hosts: dict[str, Exclusion] = field(default_factory=dict)
+    set_aside: dict[str, Exclusion] = field(default_factory=dict)
 
     @classmethod
     def read(cls, run_dir: Path) -> Exclusions:
-        data = read_json_object(run_dir / EXCLUDED)
-        hosts = data.get("hosts") if data is not None else None
-        if not isinstance(hosts, dict):
-            return cls()
-        return cls(
-            {host: Exclusion(str(why["reason"]), why["attempt"], why["time"]) for host, why in hosts.items()}
-        )
+        data = read_json_object(run_dir / EXCLUDED) or {}
+        return cls(_exclusions(data.get("hosts")), _exclusions(data.get("set_aside")))
 
     def adding(self, found: Mapping[str, str], attempt: int, now: float) -> Exclusions:
-        """These and the hosts `found` (with why), left out from attempt `attempt` on."""
+        """These and the hosts `found` (with why), left out from attempt `attempt` on for good; a
+        suspect confirmed is set aside no longer."""
+        set_aside = {host: why for host, why in self.set_aside.items() if host not in found}
         return Exclusions(
-            {**self.hosts, **{host: Exclusion(why, attempt, now) for host, why in found.items()}}
+            {**self.hosts, **{host: Exclusion(why, attempt, now) for host, why in found.items()}}, set_aside
         )
 
+    def setting_aside(
+        self, found: Mapping[str, str], attempt: int, now: float, allocation: str
+    ) -> Exclusions:
+        """These and the hosts `found` (with why), left out of `allocation` from attempt `attempt`
+        on; one set aside in an earlier allocation takes this one's."""
+        fresh = {host: Exclusion(why, attempt, now, allocation) for host, why in found.items()}
+        return Exclusions(self.hosts, {**self.set_aside, **fresh})
+
+    def applying_to(self, attempt: AttemptId) -> dict[str, Exclusion]:
+        """The hosts `attempt` runs without: those left out for good, and those set aside in its
+        allocation."""
+        here = {
+            host: why
+            for host, why in self.set_aside.items()
+            if why.allocation == attempt.allocation and host not in self.hosts
+        }
+        return {**self.hosts, **here}
+
     def write(self, run_dir: Path) -> None:
-        write_json(run_dir / EXCLUDED, {"hosts": {host: vars(why) for host, why in self.hosts.items()}})
+        data = {"hosts": {host: why.to_json() for host, why in self.hosts.items()}}
+        if self.set_aside:
+            data["set_aside"] = {host: why.to_json() for host, why in self.set_aside.items()}
+        write_json(run_dir / EXCLUDED, data)
+
+
+def _exclusions(data: Any) -> dict[str, Exclusion]:
+    if not isinstance(data, dict):
+        return {}
+    return {str(host): Exclusion.from_json(why) for host, why in data.items() if isinstance(why, dict)}
+
+
+@dataclass(frozen=True)
+class Unwatched:
+    """unwatched/rank_N.json: a rank whose peer watch could not start or stopped (job/peerwatch.py),
+    so a death without a word that the watch would have told in a second is found only by srun and
+    the collectives' timeouts. One file a rank, not one file for all: a broken store fails every
+    rank's watch at once, and a read-merge-rename of one file by several writers keeps only the
+    last one's read (a rank's words lost, not merely replaced by its own later ones)."""
+
+    rank: int
+    what: str
+    """What happened, completing "rank N's peer watch ...": "stopped (OSError(...))"."""
+    attempt: AttemptId
+    time: float
+
+    @classmethod
+    def read_for(cls, run_dir: Path, attempt: AttemptId) -> list[Unwatched]:
+        """The ranks of `attempt` whose watch could not start or stopped, by rank."""
+        found = []
+        for path in (run_dir / UNWATCHED).glob("rank_*.json"):
+            data = read_json_object(path)
+            if data is not None and attempt.wrote(data) and isinstance(data.get("rank"), int):
+                found.append(
+                    cls(data["rank"], str(data.get("what", "")), attempt, float(data.get("time") or 0.0))
+                )
+        return sorted(found, key=lambda unwatched: unwatched.rank)
+
+    def write(self, run_dir: Path) -> None:
+        """Replaces what this rank wrote in an earlier attempt: only the attempt's own is read."""
+        data = {"rank": self.rank, "what": self.what, "time": self.time, **self.attempt.to_json()}
+        write_json(run_dir / UNWATCHED / f"rank_{self.rank}.json", data)
 
 
 def run_dir_of(folder: Path, env: Mapping[str, str]) -> Path | None:

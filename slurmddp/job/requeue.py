@@ -91,11 +91,15 @@ class Decision:
     requeue: bool
     message: str
     leave_out: dict[str, str] = field(default_factory=dict)
-    """Hosts found bad in this attempt, with why: the requeued job runs without them."""
+    """Hosts confirmed bad in this attempt, with why: the rest of the run (requeues and resubmits
+    included) runs without them."""
     in_job: bool = False
     """Goes around again as a new srun step of this allocation, not through the queue."""
     signature: str | None = None
     """A failure: what failed (`signature`), for the next attempt's decision."""
+    set_aside: dict[str, str] = field(default_factory=dict)
+    """Hosts only suspected in this attempt, with why: this allocation's restarts run on a spare
+    in their place, and a requeue may give them ranks again."""
 
 
 def decide(
@@ -114,7 +118,7 @@ def decide(
     that had no handler yet (a task still starting): Slurm asked the job to stop (seen on 22.05
     with a 1-minute time limit), and srun never sends that signal after a crash. It is a stop,
     whatever a rank recorded after it (rank 0 hears that rank end without a word), and without a
-    stop record (no rank got to save) it is one at the step the next attempt resumes near."""
+    stop record (no rank got to save) it is one at the newest step the run recorded."""
     me = AttemptId.from_env(env)
     stop = Stop.read_for(run_dir, me)
     failure = Failure.read_for(run_dir, me)
@@ -169,7 +173,7 @@ def _failed(
     restarts = settings.requeue.in_job_restarts
     if failure and failure.cause:
         why = f" ({failure.cause})"
-    known = _known(run_dir, settings)
+    known = _known(run_dir, settings, me)
     found = {h: r for h, r in ((failure and failure.bad_hosts) or {}).items() if h not in known}
     began = records.begins(era)
     previous = began[-1].nodes if began else ""
@@ -178,40 +182,47 @@ def _failed(
         # A node failure, not srun ending the ranks after a crash, whatever the ranks saw.
         why = f" ({'; '.join(f'{host} {text}' for host, text in sorted(down.items()))})"
         found = {**found, **down}
-    refuses = failure is not None and failure.retry is False
-    if not found:
-        if failure is not None and refuses:
-            return Decision("failure", step, False, f"{failure.error}: not retrying", signature=what)
-        earlier = [r for r in history if r.reason == "failure"]
-        if earlier and step is not None and earlier[-1].step == step:
-            message = f"crashed at step {step} twice in a row: not retrying"
-            return Decision("failure", step, False, message, signature=what)
+    if not found and failure is not None and failure.retry is False:
+        return Decision("failure", step, False, f"{failure.error}: not retrying", signature=what)
+    earlier = [r for r in history if r.reason == "failure"]
+    if not found and earlier and step is not None and earlier[-1].step == step:
+        message = f"crashed at step {step} twice in a row: not retrying"
+        return Decision("failure", step, False, message, signature=what)
     # Also where this attempt's ranks blame a node, or the one before left one out: the same
     # failure on other nodes is the code's. Not where Slurm saw a node go down under this attempt
     # (its own word, not the ranks'), nor after a preflight that named a node (it refuses every
     # retry but one without that node).
+    refuses = failure is not None and failure.retry is False
     if not down and not refuses and repeats(history, what, further):
         return Decision(
             "failure", step, False, f"the same failure twice in a row ({what}): not retrying", signature=what
         )
     suspected = {h: r for h, r in ((failure and failure.suspect_hosts) or {}).items() if h not in known}
-    # Suspects are left out only onto a spare: without one, the same nodes again beat going
-    # through the queue for a node that may well be sound.
+    confirmed = bool(found)
+    # Suspects are left out only onto a spare, and only for this allocation: the evidence is the
+    # ranks' (deaths together, a hang's culprit, as likely the code's), not Slurm's or a check's.
+    # Without a spare, the same nodes again beat going through the queue for a node that may well
+    # be sound, and the next allocation may hold them again.
     if (
         not found
         and suspected
         and restart <= restarts
         and spare_hosts(env, settings, known | set(suspected), previous)
     ):
-        why = f" ({'; '.join(f'{host}: {text}' for host, text in sorted(suspected.items()))})"
+        if not (failure and failure.cause):
+            # A hang's cause names its culprits already.
+            why = f" ({'; '.join(f'{host}: {text}' for host, text in sorted(suspected.items()))})"
         found = suspected
     where = f" at step {step}" if step is not None else ""
     if found:
-        # Another node next time: neither a broken node's failure nor the same step is final.
-        why += f"; leaving out {', '.join(sorted(found))}"
+        # Another node next time: neither a broken node's failure nor the same step is final
+        # (the same failure is, above).
+        why += f"; leaving out {', '.join(sorted(found))}{'' if confirmed else ' for this allocation'}"
         spares = spare_hosts(env, settings, known | set(found), previous)
         if spares is None or restart > restarts:
-            refused = cannot_leave_out(found, known, env, settings, partition_nodes)
+            # Confirmed hosts only (a suspect is set aside only onto a spare): the requeued job
+            # runs without them and those left out for good, not this allocation's suspects.
+            refused = cannot_leave_out(found, _known(run_dir, settings), env, settings, partition_nodes)
             if refused:
                 return Decision(
                     "failure", step, False, f"{failure and failure.error}: {refused}", signature=what
@@ -219,7 +230,9 @@ def _failed(
             return _requeue("failure", step, why, history, settings, found, what)
         on = f"{', '.join(spares)} instead" if spares else "the nodes left"
         message = f"failure{where}{why}; restart {restart} of {restarts} in this allocation on {on}"
-        return Decision("failure", step, True, message, found, in_job=True, signature=what)
+        if confirmed:
+            return Decision("failure", step, True, message, found, in_job=True, signature=what)
+        return Decision("failure", step, True, message, in_job=True, signature=what, set_aside=found)
     if restart <= restarts:
         # The allocation itself is sound (no node to leave out, no preemption or time limit): a
         # new srun step costs seconds, the queue minutes or hours.
@@ -319,9 +332,12 @@ def stop_signal_death(status: int, settings: Settings) -> str | None:
     return name
 
 
-def _known(run_dir: Path, settings: Settings) -> set[str]:
-    """The hosts the run leaves out already: its own exclusions and the user's."""
-    return set(Exclusions.read(run_dir).hosts) | settings.user_excluded()
+def _known(run_dir: Path, settings: Settings, attempt: AttemptId | None = None) -> set[str]:
+    """The hosts the run leaves out already: the user's and its own for good, and with `attempt`,
+    those set aside in its allocation."""
+    excluded = Exclusions.read(run_dir)
+    own = excluded.hosts if attempt is None else excluded.applying_to(attempt)
+    return set(own) | settings.user_excluded()
 
 
 def _signal(number: int) -> str:
@@ -397,6 +413,7 @@ def leave_out_failed_nodes(
         return
     settings = Settings.of_run(run_dir)
     excluded = Exclusions.read(run_dir)
+    # Not the ones set aside: a suspect that Slurm then saw go down is left out for good.
     known = set(excluded.hosts) | settings.user_excluded()
     found = went_down(began[-1], known, failed_nodes)
     if not found:

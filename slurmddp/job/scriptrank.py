@@ -20,7 +20,7 @@ from pathlib import Path
 
 from slurmddp.defaults import LOCAL_REQUEUE_STATUS
 from slurmddp.errors import EntrypointFailed
-from slurmddp.job import peerwatch, rendezvous, scriptrun, signals, stop, trackers
+from slurmddp.job import crash, peerwatch, rendezvous, scriptrun, signals, stop, trackers
 from slurmddp.job.distenv import DistEnv
 from slurmddp.job.loop import PROGRESS_EVERY_S
 from slurmddp.job.records import AttemptId, Failure, Progress, Stop
@@ -77,18 +77,9 @@ def run_script(spec: RankSpec, dist: DistEnv) -> int:
     if watch is not None and (stop is not None or code == 0):
         watch.leave()
     if stop is None and code != 0:
-        # Before srun's SIGTERM reaches the other ranks: their stop is no stop request. Not
-        # crash.record's record: the script's status is what tells this failure from another
-        # (job/requeue.py's signature), and a status says nothing of the node's device.
+        # Before srun's SIGTERM reaches the other ranks: their stop is no stop request.
         error = f"{shlex.join(command)} exited with status {code}{_after(step)}"
-        Failure(
-            step=step,
-            rank=dist.rank,
-            error=error,
-            attempt=AttemptId.of(dist),
-            time=time.time(),
-            exit_status=code,
-        ).write(Path(spec.run_dir))
+        _record_failure(Path(spec.run_dir), dist, step, error, code)
         if watch is not None:
             watch.crashed()
         raise EntrypointFailed(f"rank {dist.rank}: {shlex.join(command)} exited with status {code}")
@@ -106,6 +97,17 @@ def run_script(spec: RankSpec, dist: DistEnv) -> int:
             raise SystemExit(LOCAL_REQUEUE_STATUS)
     rendezvous.exit_barrier(store, dist, spec.dist.timeout_s, signals.stopping)
     return code
+
+
+def _record_failure(run_dir: Path, dist: DistEnv, step: int | None, error: str, code: int) -> None:
+    """crash.record's record (where the device is to blame, it names this node) with the script's
+    exit status added: what tells one script failure from another where no Python exception
+    reached this process (job/requeue.py's signature: argparse's 2 before any step, twice)."""
+    crash.record(run_dir, dist, step, error)
+    mine = Failure.read_for(run_dir, AttemptId.of(dist))
+    # Only where this rank's record is the attempt's: the first one stands (Failure.write).
+    if mine is not None and (mine.rank, mine.error) == (dist.rank, error):
+        dataclasses.replace(mine, exit_status=code).write(run_dir, replace=True)
 
 
 def _forward_once(child: subprocess.Popen[bytes]) -> Callable[[int], None]:

@@ -13,9 +13,11 @@ When the watchdog fires, each rank writes into RUN_DIR/hangs/JOB.RESTART/:
 - rank_R.json: its step, host, whether its main thread waits inside a collective, and its innermost
   frame.
 Rank 0 then names the ranks that did not arrive (those not waiting in a collective, or that never
-reported), writes summary.json and the attempt's failure record (their hosts as bad hosts, which
-the requeued job leaves out), and every rank exits with HANG_EXIT_STATUS; srun's
---kill-on-bad-exit ends the rest and the batch script requeues.
+reported), writes summary.json and the attempt's failure record, and every rank exits with
+HANG_EXIT_STATUS; srun's --kill-on-bad-exit ends the rest and the batch script restarts or
+requeues. Their hosts are suspects, not bad hosts: a rank that did not arrive is as likely the
+code's (a deadlocked data pipeline) as its node's, so a restart runs on a spare in their place for
+the rest of the allocation where one is left, else on the same nodes (job/requeue.py).
 
 Before the first steps the same thread keeps the start-up deadline (dist.start_timeout_s, counted
 from the rank's start): a hang at the rendezvous, in the process group or in the user's setup is
@@ -260,7 +262,7 @@ class Watchdog:
             error=error,
             attempt=AttemptId.of(self._dist),
             time=time.time(),
-            bad_hosts={host: cause for host in culprits if host != "?"},
+            suspect_hosts={host: cause for host in culprits if host != "?"} or None,
             cause=cause,
             hang_dir=str(self._dir),
         )

@@ -75,7 +75,12 @@ def status_table(target: runs.Target, rows: list[runs.Row], metric: str | None) 
             text += f"\n{name}: {reason.one_line(explain.workdir(target))}"
         for host, why in row.excluded.items():
             text += f"\n{name}: leaves out {host}: {why}"
-    if any(row.excluded for row in rows):
+        for rank, what in row.unwatched.items():
+            text += (
+                f"\n{name}: rank {rank}'s peer watch {what}: a rank dying without a word is found "
+                "there only by srun and the collectives' timeouts, not within a second"
+            )
+    if any(set(row.excluded) - set(row.set_aside) for row in rows):
         again = "resubmit --failed" if target.kind == "sweep" else "resubmit"
         text += f"\nhosts left out stay out of later attempts; `{again} --forget-exclusions` forgets them"
     used = runs.total_usage(rows)

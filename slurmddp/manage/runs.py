@@ -20,10 +20,14 @@ from slurmddp.errors import SlurmddpError
 from slurmddp.files import read_json_object
 from slurmddp.job.records import (
     AttemptEvent,
+    AttemptId,
     Begin,
     End,
+    Exclusion,
     Exclusions,
     Progress,
+    Unwatched,
+    begins,
     current,
     final_end,
     read_attempts,
@@ -264,7 +268,14 @@ class Row:
     """How the latest attempt ended, as its record says ("failure at step 3 (hung at step 3: rank 1
     on node2 ...); leaving out node2; requeue 1 (budget 3)")."""
     excluded: dict[str, str] = field(default_factory=dict)
-    """Hosts the run leaves out, with why (RUN_DIR/excluded.json)."""
+    """Hosts the run leaves out, with why (RUN_DIR/excluded.json): for good, and those set aside
+    for its latest allocation only, whose reason ends in ALLOCATION_ONLY."""
+    set_aside: list[str] = field(default_factory=list)
+    """Of `excluded`, the hosts left out of the latest allocation only: a requeue or a resubmit
+    may give them ranks again."""
+    unwatched: dict[int, str] = field(default_factory=dict)
+    """The latest attempt's ranks whose peer watch could not start or stopped, with what happened
+    ("stopped (OSError(...))")."""
     throughput: str | None = None
     """The latest telemetry record's pace: "7,251 samples/s" (or steps/s without ctx.loader)."""
     ended: list[AttemptEnd] = field(default_factory=list)
@@ -282,6 +293,8 @@ def rows(target: Target, with_usage: bool = True) -> list[Row]:
     out = []
     for element in target.elements:
         records = read_attempts(element.dir)
+        latest = _latest_attempt(records)
+        left_out = _left_out(element.dir, latest)
         used = _usage(element, records, allocations, states, since, now)
         metrics, metric_step = latest_metrics(element.dir)
         perf = {name: metrics.pop(name) for name in list(metrics) if name.startswith(PERF)}
@@ -305,12 +318,39 @@ def rows(target: Target, with_usage: bool = True) -> list[Row]:
                 gpu_hours=None if used is None else used.gpu_hours,
                 lost_hours=None if used is None else used.lost_hours,
                 last_end=_last_end(records),
-                excluded={host: why.reason for host, why in Exclusions.read(element.dir).hosts.items()},
+                excluded={host: _left_out_for(why) for host, why in left_out.items()},
+                set_aside=[host for host, why in left_out.items() if why.allocation is not None],
+                unwatched=_unwatched(element.dir, latest),
                 throughput=numbers.pace(perf),
                 ended=attempt_ends(records),
             )
         )
     return out
+
+
+ALLOCATION_ONLY = "(this allocation only: suspected, not confirmed)"
+
+
+def _latest_attempt(records: list[AttemptEvent]) -> AttemptId | None:
+    """The attempt that began last since the last resubmit (a resubmit is a new job)."""
+    began = begins(current(records))
+    return began[-1].attempt_id if began else None
+
+
+def _left_out(run_dir: Path, latest: AttemptId | None) -> dict[str, Exclusion]:
+    """The hosts the run leaves out: for good, and those set aside in the `latest` attempt's
+    allocation (an earlier allocation's are no longer left out)."""
+    excluded = Exclusions.read(run_dir)
+    return excluded.hosts if latest is None else excluded.applying_to(latest)
+
+
+def _left_out_for(why: Exclusion) -> str:
+    return why.reason if why.allocation is None else f"{why.reason} {ALLOCATION_ONLY}"
+
+
+def _unwatched(run_dir: Path, latest: AttemptId | None) -> dict[int, str]:
+    found = [] if latest is None else Unwatched.read_for(run_dir, latest)
+    return {unwatched.rank: unwatched.what for unwatched in found}
 
 
 def _last_end(records: list[AttemptEvent]) -> str | None:

@@ -576,9 +576,11 @@ SPARE_ENV = {
 }
 
 
-def begin_spare(path: Path, in_job: int, capsys: pytest.CaptureFixture[str]) -> dict[str, str]:
+def begin_spare(
+    path: Path, in_job: int, capsys: pytest.CaptureFixture[str], restart: int = 0
+) -> dict[str, str]:
     """`attempts begin` of a run with a spare node: the exports it prints for srun, parsed."""
-    env = {**SPARE_ENV, IN_JOB_RESTART_ENV: str(in_job)}
+    env = {**SPARE_ENV, IN_JOB_RESTART_ENV: str(in_job), "SLURM_RESTART_COUNT": str(restart)}
     assert attempts.begin(path, env, now=1000.0 + in_job, failed_nodes=lambda n, t: {}) == 0
     out = capsys.readouterr().out.strip()
     assert out.startswith("export ")
@@ -614,10 +616,13 @@ def test_a_spare_node_takes_the_place_of_a_drained_one_inside_the_allocation(
     assert requeues_in(slurm_commands) == []
 
 
+SUSPECTED = "its 2 ranks died together while the other nodes' ran on"
+
+
 def node2_killed(path: Path, env: dict[str, str]) -> int:
     """The end of attempt 0 after node2's two ranks died without a word (job/peerwatch.py)."""
     Progress(33, AttemptId("77", 0), time.time()).write(path)
-    suspected = {"node2": "its 2 ranks died together while the other nodes' ran on"}
+    suspected = {"node2": SUSPECTED}
     Failure(None, 2, "rank 2 on node2, rank 3 on node2 ended without a word", AttemptId("77", 0), 1.0).write(
         path
     )
@@ -643,8 +648,90 @@ def test_a_node_whose_ranks_all_died_is_swapped_for_a_spare(
     ended = ends(path)[-1]
     assert ended.step == 33  # no step of its own: the step the attempt reached
     assert "node2: its 2 ranks died together" in ended.message and "on node3 instead" in ended.message
+    assert "leaving out node2 for this allocation;" in ended.message
+    excluded = Exclusions.read(path)
+    assert excluded.hosts == {}
+    assert excluded.set_aside == {"node2": Exclusion(SUSPECTED, 0, 1001.0, "77.0")}
     assert Path(begin_spare(path, 1, capsys)["SLURM_HOSTFILE"]).read_text() == "node1\nnode1\nnode3\nnode3\n"
     assert requeues_in(slurm_commands) == []
+
+
+def test_a_suspect_is_left_out_of_its_allocation_only(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], slurm_commands: list[list[str]]
+) -> None:
+    """Its ranks' deaths are no proof: the requeue does not exclude it, and the next allocation
+    trains on it again."""
+    path = run_dir(tmp_path, SPARE, in_job_restarts=1)
+    begin_spare(path, 0, capsys)
+    assert node2_killed(path, SPARE_ENV) == EXIT_RESTART_IN_JOB
+    begin_spare(path, 1, capsys)
+    # The restart on the spare fails too, with no step gained: through the queue.
+    Failure(None, 1, "OSError()", AttemptId("77", 0, 1), time.time(), exception="OSError").write(path)
+    status = attempts.end(
+        path,
+        1,
+        {**SPARE_ENV, IN_JOB_RESTART_ENV: "1"},
+        now=1002.0,
+        preempt_time=lambda j: None,
+        partition_nodes=lambda p: 3,
+        failed_nodes=lambda n, t: {},
+    )
+    assert status == 0 and not ends(path)[-1].in_job and ends(path)[-1].requeue
+    assert requeues_in(slurm_commands) == [["scontrol", "requeue", "77"]]
+    assert not any("ExcNodeList" in word for command in slurm_commands for word in command)
+    requeued = begin_spare(path, 0, capsys, restart=1)
+    assert Path(requeued["SLURM_HOSTFILE"]).read_text() == "node1\nnode1\nnode2\nnode2\n"
+
+
+def test_too_few_nodes_for_a_step_requeues_without_the_hosts_left_out_for_good_alone(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], slurm_commands: list[list[str]]
+) -> None:
+    path = run_dir(tmp_path, SPARE)
+    excluded = Exclusions().adding({"node3": "went down"}, 0, 1.0)
+    excluded.setting_aside({"node2": SUSPECTED}, 0, 1.0, "77.0").write(path)
+    env = {**SPARE_ENV, IN_JOB_RESTART_ENV: "1"}
+    assert attempts.begin(path, env, now=2.0, failed_nodes=lambda n, t: {}) == EXIT_FINISHED
+    assert "requeueing 77 without node3\n" in capsys.readouterr().err
+    assert ["scontrol", "update", "JobId=77", "ExcNodeList=node3"] in slurm_commands
+
+
+def hung(path: Path, env: dict[str, str]) -> int:
+    """The end of attempt 0 after the watchdog blamed rank 2 on node2 for a hang at step 7."""
+    cause = "hung at step 7: rank 2 on node2 (in data.py:3 in get) did not arrive"
+    me = AttemptId("77", 0)
+    Failure(
+        7, 0, f"hang: {cause}", me, 1.0, cause=cause, hang_dir="hangs/77.0", suspect_hosts={"node2": cause}
+    ).write(path)
+    return attempts.end(
+        path,
+        1,
+        env,
+        now=1001.0,
+        preempt_time=lambda j: None,
+        partition_nodes=lambda p: 3,
+        failed_nodes=lambda n, t: {},
+    )
+
+
+def test_a_hangs_culprit_is_set_aside_for_a_spare_and_else_kept(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], slurm_commands: list[list[str]]
+) -> None:
+    """A rank that did not arrive is as likely a deadlocked data pipeline as a broken node."""
+    (tmp_path / "spare").mkdir()
+    spare = run_dir(tmp_path / "spare", SPARE)
+    begin_spare(spare, 0, capsys)
+    assert hung(spare, SPARE_ENV) == EXIT_RESTART_IN_JOB
+    assert ends(spare)[-1].message == (
+        "failure at step 7 (hung at step 7: rank 2 on node2 (in data.py:3 in get) did not arrive); "
+        "leaving out node2 for this allocation; restart 1 of 3 in this allocation on node3 instead"
+    )
+    assert set(Exclusions.read(spare).set_aside) == {"node2"} and Exclusions.read(spare).hosts == {}
+    (tmp_path / "none").mkdir()
+    none = run_dir(tmp_path / "none", "  nodes: 2\n  tasks_per_node: 2\n")
+    assert attempts.begin(none, ENV, now=1000.0, failed_nodes=lambda n, t: {}) == 0
+    assert hung(none, ENV) == EXIT_RESTART_IN_JOB
+    assert "leaving out" not in ends(none)[-1].message and ends(none)[-1].in_job
+    assert Exclusions.read(none) == Exclusions() and slurm_commands == []
 
 
 def test_without_a_spare_a_suspected_node_is_kept_and_the_step_restarts_on_the_same_nodes(
@@ -727,7 +814,7 @@ def test_the_same_death_on_the_spare_that_replaced_a_suspect_is_the_codes(tmp_pa
     assert ends(path)[-1].message == (
         "the same failure twice in a row (a rank ended without a word before any step): not retrying"
     )
-    assert list(Exclusions.read(path).hosts) == ["node2"]
+    assert Exclusions.read(path).hosts == {} and list(Exclusions.read(path).set_aside) == ["node2"]
 
 
 def test_the_same_exception_after_leaving_a_node_out_is_the_codes(

@@ -99,16 +99,13 @@ def reference(slurm_lab: dict[str, str], tmp_path_factory: pytest.TempPathFactor
 def silenced(env: dict[str, str], node: str) -> Iterator[float]:
     """`node` as a node that died looks from outside: its link down and every process on it
     stopped (slurmd, the ranks, their loader workers), so nothing answers and nothing sends a FIN.
-    Yields when; brings the node back afterwards and waits until Slurm has it idle again."""
+    Yields when. Afterwards the node comes back as a rebooted one would, without the job's
+    processes (Slurm's daemons go on), and Slurm has it idle again."""
     netns = env["SLURMDDP_LAB_NETNS_PREFIX"] + node
     veth = env["SLURMDDP_LAB_VETH_PREFIX"] + node.removeprefix("node")
     subprocess.run(["ip", "link", "set", veth, "down"], check=True)
-    frozen = [
-        int(pid)
-        for pid in subprocess.run(
-            ["ip", "netns", "pids", netns], capture_output=True, text=True, check=True
-        ).stdout.split()
-    ]
+    listed = subprocess.run(["ip", "netns", "pids", netns], capture_output=True, text=True, check=True)
+    frozen = [int(pid) for pid in listed.stdout.split()]
     for pid in frozen:
         os.kill(pid, signal.SIGSTOP)
     try:
@@ -116,10 +113,20 @@ def silenced(env: dict[str, str], node: str) -> Iterator[float]:
     finally:
         for pid in frozen:
             with suppress(ProcessLookupError):
+                if not _slurm_daemon(pid):
+                    os.kill(pid, signal.SIGKILL)
                 os.kill(pid, signal.SIGCONT)
         subprocess.run(["ip", "link", "set", veth, "up"], check=True)
     # The jobs that ran there complete once slurmd is heard again (Slurm resends the kill).
     wait_until(f"{node} idle again", lambda: _node_state(env, node) == "idle", timeout=240)
+
+
+def _slurm_daemon(pid: int) -> bool:
+    try:
+        name = Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return False
+    return name in ("slurmd", "slurmstepd")
 
 
 def _node_state(env: dict[str, str], node: str) -> str:

@@ -23,9 +23,9 @@ from conftest import only_run, slurmddp
 from dist_envs import dist_env
 from torch._C._distributed_c10d import TCPStore
 
-from slurmddp.job import peerwatch, watchkey
+from slurmddp.job import liveness, peerwatch, watchkey
 from slurmddp.job.distenv import DistEnv
-from slurmddp.job.records import AttemptId, Failure
+from slurmddp.job.records import AttemptId, Failure, Unwatched
 
 HOSTS = ["node1", "node1", "node2", "node2"]
 WAIT_S = 10.0
@@ -399,7 +399,10 @@ def test_strangers_on_the_watch_port_are_dropped_and_the_watch_goes_on(tmp_path:
     child = spawn(3, port, tmp_path)
     connected(ranks, 1)
     watch_port = int(master.get(peerwatch.ADDRESS_KEY))
-    lingering = socket.create_connection(("127.0.0.1", watch_port))  # says nothing, stays
+    # More strangers that say nothing and stay than rank 0 keeps: the oldest are dropped.
+    lingering = [
+        socket.create_connection(("127.0.0.1", watch_port)) for _ in range(peerwatch.MAX_UNPROVEN + 10)
+    ]
     for said in STRANGERS:
         with socket.create_connection(("127.0.0.1", watch_port)) as stranger:
             stranger.sendall(said)
@@ -413,7 +416,8 @@ def test_strangers_on_the_watch_port_are_dropped_and_the_watch_goes_on(tmp_path:
     took = time.monotonic() - killed
     assert took < 1.0, f"{took:.2f} s"
     assert ranks[0].messages[0].startswith("rank 3 on node2 ended without a word")
-    lingering.close()
+    for stranger in lingering:
+        stranger.close()
 
 
 def test_a_port_that_cannot_prove_it_is_rank_0s_ends_no_rank(tmp_path: Path) -> None:
@@ -429,8 +433,69 @@ def test_a_port_that_cannot_prove_it_is_rank_0s_ends_no_rank(tmp_path: Path) -> 
     conn.sendall(b"ok " + b"0" * 64 + b"\nlost you are dead\n")
     assert not rank.told.wait(3 * peerwatch.GATHER_S)
     assert not rank.watch._welcomed.is_set()
+    assert recorded(tmp_path) == [
+        (1, "did not start: the port published as rank 0's watch did not prove it is rank 0's")
+    ]
     conn.close()
     fake.close()
+
+
+ATTEMPT = AttemptId("7", 0)
+
+
+def recorded(run_dir: Path) -> list[tuple[int, str]]:
+    """The ranks of ATTEMPT whose watch did not run, with what happened, once one is recorded (the
+    watch's thread writes it), or none after WAIT_S."""
+    deadline = time.monotonic() + WAIT_S
+    while not (found := Unwatched.read_for(run_dir, ATTEMPT)) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return [(unwatched.rank, unwatched.what) for unwatched in found]
+
+
+class FakeStore:
+    """A store that cannot give the watch's address (`port` None: the store went away), or gives
+    `port`."""
+
+    def __init__(self, port: int | None = None) -> None:
+        self.port = port
+
+    def get(self, key: str) -> bytes:
+        if self.port is None:
+            raise RuntimeError("the store went away")
+        return str(self.port).encode()
+
+    def set(self, key: str, value: str) -> None:
+        raise AssertionError("only rank 0 publishes the address")
+
+
+def watching(store: FakeStore, run_dir: Path) -> peerwatch.PeerWatch:
+    """Rank 1's watch of a 2-rank attempt of job 7, rank 0 on this host."""
+    dist = dist_env(rank=1, world_size=2, master_addr="127.0.0.1", job_id="7")
+    return peerwatch.PeerWatch(store, dist, run_dir, ["node1", "node2"], print, watchkey.run_key(run_dir))
+
+
+def test_a_rank_without_the_watchs_address_says_so_in_its_log_and_for_status(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    watching(FakeStore(), tmp_path)
+    error = "RuntimeError('the store went away')"
+    assert f"slurmddp: rank 1: warning: no peer watch ({error})" in capsys.readouterr().err
+    assert recorded(tmp_path) == [(1, f"could not start: the store has no watch address ({error})")]
+
+
+def test_a_watch_whose_thread_raised_says_so_in_its_log_and_for_status(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken(conn: socket.socket) -> None:
+        raise ValueError("no keepalive here")
+
+    monkeypatch.setattr(liveness, "keepalive", broken)
+    with socket.create_server(("127.0.0.1", 0)) as rank_0:
+        watching(FakeStore(rank_0.getsockname()[1]), tmp_path)
+        found = recorded(tmp_path)
+    error = "ValueError('no keepalive here')"
+    assert found == [(1, f"stopped ({error})")]
+    assert f"slurmddp: rank 1: warning: the peer watch stopped ({error})" in capsys.readouterr().err
 
 
 def test_the_run_key_is_made_once_and_only_its_owner_reads_it(tmp_path: Path) -> None:

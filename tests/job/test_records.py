@@ -12,6 +12,7 @@ from slurmddp.job.records import (
     Begin,
     CodeSite,
     End,
+    Exclusion,
     Exclusions,
     Failure,
     Interrupt,
@@ -19,6 +20,7 @@ from slurmddp.job.records import (
     Progress,
     Resubmit,
     Stop,
+    Unwatched,
 )
 
 ENV = {"SLURM_JOB_ID": "77", "SLURM_RESTART_COUNT": "0"}
@@ -168,6 +170,61 @@ def test_interrupt_and_exclusions(tmp_path: Path) -> None:
         }
     }
     assert list(Exclusions.read(tmp_path).hosts) == ["node2", "node3"]
+
+
+def test_a_host_set_aside_applies_to_its_allocation_alone_and_a_confirmation_outlasts_it(
+    tmp_path: Path,
+) -> None:
+    first, restarted, requeued = AttemptId("77", 0), AttemptId("77", 0, 2), AttemptId("77", 1)
+    assert first.allocation == restarted.allocation == "77.0" and requeued.allocation == "77.1"
+    Exclusions().adding({"node1": "DOWN"}, 0, 1.0).setting_aside(
+        {"node2": "died together"}, 0, 2.0, "77.0"
+    ).write(tmp_path)
+    # The old key keeps only the hosts left out for good: a reader from before the split never
+    # leaves a suspect out for the rest of the run.
+    assert on_disk(tmp_path / "excluded.json") == {
+        "hosts": {"node1": {"reason": "DOWN", "attempt": 0, "time": 1.0}},
+        "set_aside": {"node2": {"reason": "died together", "attempt": 0, "time": 2.0, "allocation": "77.0"}},
+    }
+    excluded = Exclusions.read(tmp_path)
+    assert list(excluded.hosts) == ["node1"]
+    assert list(excluded.applying_to(restarted)) == ["node1", "node2"]
+    assert list(excluded.applying_to(requeued)) == ["node1"]
+    # Slurm then saw node2 go down: left out for good, set aside no longer.
+    confirmed = excluded.adding({"node2": "went down"}, 1, 3.0)
+    assert confirmed.set_aside == {} and confirmed.applying_to(requeued)["node2"] == Exclusion(
+        "went down", 1, 3.0
+    )
+
+
+def test_exclusions_written_before_the_split_read_as_left_out_for_good(tmp_path: Path) -> None:
+    (tmp_path / "excluded.json").write_text(
+        json.dumps({"hosts": {"node2": {"reason": "hung", "attempt": 0, "time": 5.0}}})
+    )
+    excluded = Exclusions.read(tmp_path)
+    assert excluded.hosts == {"node2": Exclusion("hung", 0, 5.0)} and excluded.set_aside == {}
+    assert list(excluded.applying_to(AttemptId("77", 3))) == ["node2"]
+
+
+def test_a_ranks_unwatched_record_is_its_attempts_alone_and_each_rank_keeps_its_own(tmp_path: Path) -> None:
+    before, now = AttemptId("77", 0), AttemptId("77", 0, 1)
+    Unwatched(3, "stopped (OSError(9))", before, 1.0).write(tmp_path)
+    Unwatched(1, "stopped (ValueError())", now, 2.0).write(tmp_path)
+    Unwatched(3, "could not start: the store has no watch address (TimeoutError())", now, 3.0).write(tmp_path)
+    assert on_disk(tmp_path / "unwatched" / "rank_1.json") == {
+        "rank": 1,
+        "what": "stopped (ValueError())",
+        "time": 2.0,
+        "job_id": "77",
+        "restart_count": 0,
+        "in_job_restart": 1,
+    }
+    assert Unwatched.read_for(tmp_path, now) == [
+        Unwatched(1, "stopped (ValueError())", now, 2.0),
+        Unwatched(3, "could not start: the store has no watch address (TimeoutError())", now, 3.0),
+    ]
+    assert Unwatched.read_for(tmp_path, before) == []  # rank 3's record of it was replaced
+    assert Unwatched.read_for(tmp_path / "nothing", now) == []
 
 
 def test_attempt_lines_keep_their_keys(tmp_path: Path) -> None:

@@ -58,7 +58,7 @@ def test_a_rank_hanging_in_its_setup_ends_the_attempt_at_the_start_up_deadline(
         "start-up hang: rank 1 on node2 hung in its setup before the first step (in "
     ), failure
     assert "setup_hang.py:8 in train" in failure["cause"] and failure["step"] is None
-    assert list(failure["bad_hosts"]) == ["node2"]
+    assert list(failure["suspect_hosts"]) == ["node2"] and "bad_hosts" not in failure
     assert "start-up hang: rank 1 on node2" in end["message"]
     folder = Path(failure["hang_dir"])
     assert json.loads((folder / "summary.json").read_text())["phase"] == "setup"

@@ -92,6 +92,8 @@ def test_a_stalled_step_fires_once_with_stacks_and_a_failure_record(tmp_path: Pa
     host = socket.gethostname()
     assert failure["cause"].startswith(f"hung at step 2: rank 0 on {host} (in ")
     assert "test_watchdog.py" in failure["cause"] and "in test_a_stalled_step_fires" in failure["cause"]
+    # Suspected, not confirmed: left out onto a spare for the allocation's restarts, never for good.
+    assert failure["suspect_hosts"] == {host: failure["cause"]} and "bad_hosts" not in failure
 
 
 def test_the_loop_rests_the_watchdog_after_its_last_step(tmp_path: Path) -> None:
@@ -323,7 +325,8 @@ def test_rank_0_names_a_rank_that_never_came_and_one_in_its_stead_when_rank_0_di
     assert failure["cause"].startswith(
         "start-up hang: rank 1 on node2 never reached the rendezvous (no report"
     )
-    assert list(failure["bad_hosts"]) == ["node2"]
+    # A suspect, not a bad host: the rank may be the code's (job/requeue.py keeps it without a spare).
+    assert list(failure["suspect_hosts"]) == ["node2"] and "bad_hosts" not in failure
     # Rank 1's side when rank 0 never came up (a spare that is itself broken): it records the verdict.
     dog, exits, fired = fired_dog(tmp_path / "one", dist_env(rank=1, **ranks))
     try:
@@ -336,7 +339,7 @@ def test_rank_0_names_a_rank_that_never_came_and_one_in_its_stead_when_rank_0_di
     assert failure["rank"] == 1 and failure["cause"].startswith(
         "start-up hang: rank 0 on node1 did not report"
     )
-    assert list(failure["bad_hosts"]) == ["node1"]
+    assert list(failure["suspect_hosts"]) == ["node1"] and "bad_hosts" not in failure
 
 
 def test_rank_0_hears_who_checked_in_at_the_rendezvous_as_they_do() -> None:

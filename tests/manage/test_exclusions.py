@@ -1,6 +1,7 @@
 """The nodes a run left out for good (excluded.json): `status` names each with why, and `resubmit
---forget-exclusions` forgets them while the user's own resources.exclude stays. The submission
-itself is replaced: what it is handed is what is checked."""
+--forget-exclusions` forgets them while the user's own resources.exclude stays. Those set aside for
+one allocation only (suspected) `status` shows as such, and a resubmit does not carry. The
+submission itself is replaced: what it is handed is what is checked."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ from conftest import ROOT
 from slurmddp import yamlio
 from slurmddp.errors import SubmitError
 from slurmddp.experiment.load import Loaded, load_experiment
-from slurmddp.job.records import AttemptId, Exclusions, Failure
+from slurmddp.job import records
+from slurmddp.job.records import AttemptId, Begin, Exclusions, Failure
 from slurmddp.manage import actions, report, runs
 from slurmddp.submit import submitter
 
@@ -76,6 +78,54 @@ def test_status_names_each_host_left_out_and_why(tmp_path: Path) -> None:
     assert f"\nrun: leaves out node2: {WHY}\n" in text
     assert "`resubmit --forget-exclusions` forgets them" in text
     assert report.status_json(target, rows)["elements"][0]["excluded"] == {"node2": WHY}
+
+
+SUSPECTED = "its 2 ranks died together while the other nodes' ran on"
+
+
+def with_suspects(run: Path, lasting: bool = True) -> None:
+    """The run's latest attempt (the requeued allocation's restart) began after node3 was set aside
+    in its allocation; node4 was set aside in the allocation before it."""
+    for number, attempt in enumerate([AttemptId(JOB, 0), AttemptId(JOB, 1), AttemptId(JOB, 1, 1)]):
+        records.append_attempt(run, Begin(number, 1.0, "node1", "node[1-4]", attempt))
+    excluded = Exclusions().adding({"node2": WHY}, 0, 2.0) if lasting else Exclusions()
+    excluded = excluded.setting_aside({"node4": SUSPECTED}, 0, 2.0, f"{JOB}.0")
+    excluded.setting_aside({"node3": SUSPECTED}, 1, 3.0, f"{JOB}.1").write(run)
+
+
+def test_status_says_which_hosts_are_left_out_of_this_allocation_only(tmp_path: Path) -> None:
+    run = failed_run(tmp_path, "node9")
+    with_suspects(run)
+    target = runs.load(run)
+    rows = runs.rows(target)
+    text = report.status_table(target, rows, None)
+    assert f"\nrun: leaves out node2: {WHY}\n" in text
+    assert f"\nrun: leaves out node3: {SUSPECTED} (this allocation only: suspected, not confirmed)\n" in text
+    assert "node4" not in text  # an earlier allocation's suspect is no longer left out
+    assert report.status_json(target, rows)["elements"][0]["excluded"] == {
+        "node2": WHY,
+        "node3": f"{SUSPECTED} (this allocation only: suspected, not confirmed)",
+    }
+    assert "--forget-exclusions` forgets them" in text
+
+
+def test_status_of_suspects_alone_offers_nothing_to_forget(tmp_path: Path) -> None:
+    run = failed_run(tmp_path, "node9")
+    with_suspects(run, lasting=False)
+    target = runs.load(run)
+    text = report.status_table(target, runs.rows(target), None)
+    assert "run: leaves out node3: " in text and "forget" not in text
+
+
+def test_a_resubmit_does_not_carry_a_host_set_aside_for_one_allocation(
+    tmp_path: Path, submitted: Submitted
+) -> None:
+    run = failed_run(tmp_path, "node9")
+    with_suspects(run)
+    done = actions.resubmit_run(str(run), [], ["resubmit"])
+    assert submitted.loaded is not None
+    assert submitted.loaded.experiment.resources.exclude == "node2,node9"
+    assert done.notes == [f"leaves out node2: {WHY}"]
 
 
 def test_status_of_a_run_that_left_nothing_out_says_nothing_of_it(tmp_path: Path) -> None:
