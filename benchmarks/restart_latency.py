@@ -8,8 +8,8 @@ synthetic example (no loader workers) or, with `--example quickstart`, the quick
 (2 loader workers a rank): `in-job` and `queue` SIGKILL rank 3 (second node); `spare` SIGKILLs
 both ranks of the second node and drains it (resumed after the run); `silent` makes the second
 node go silent (its link down, every process on it stopped: nothing sends a FIN) with a spare to
-take its place, and `silent-queue` the same without a spare (the job is requeued excluding it;
-the node comes back once the requeue is recorded, so that Slurm can close the old allocation).
+take its place, and `silent-queue` the same without a spare (the job is requeued excluding it).
+A silent node comes back, as a rebooted one, once the run has its result.
 The scenarios alternate, --rounds runs each. Per run and as medians it prints:
 
     teardown    the fault -> the attempt's end record (srun returned or was ended; the batch
@@ -122,9 +122,6 @@ def one(out: Path, example: str, scenario: str, kill_at: int, reference: str) ->
             ["scontrol", "update", f"nodename={node}", "state=drain", "reason=benchmark"], check=True
         )
     end = wait_for("the attempt to end", lambda: ends(run), timeout=300)[0]
-    if scenario == "silent-queue" and revive is not None:
-        revive()  # Slurm closes the old allocation, and starts the requeued job, once it hears the node
-        revive = None
     begins = wait_for("the next attempt", lambda: [r for r in records(run) if r["event"] == "begin"][1:])
     began = begins[0]
 
@@ -182,10 +179,18 @@ def silence(node: str) -> Callable[[], None]:
             seen[:] = said.stdout.split()[:1]
             return seen == ["idle"]
 
+        # Slurm 22.05 kept a node that came back "mixed", with no job on it, for minutes (the old
+        # allocation still held there): a down and a resume clear it.
+        with contextlib.suppress(SystemExit):
+            wait_for(f"{node} idle again", idle, timeout=20)
+            return
+        update = ["scontrol", "update", f"nodename={node}"]
+        subprocess.run([*update, "state=down", "reason=benchmark"], check=True)
+        subprocess.run([*update, "state=resume"], check=True)
         try:
-            wait_for(f"{node} idle again", idle, timeout=300)
+            wait_for(f"{node} idle again", idle, timeout=120)
         except SystemExit:
-            raise SystemExit(f"{node} not idle 300 s after it came back: sinfo says {seen}") from None
+            raise SystemExit(f"{node} not idle after it came back: sinfo says {seen}") from None
 
     return revive
 

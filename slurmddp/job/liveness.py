@@ -22,7 +22,7 @@ IDLE_S = 2
 INTERVAL_S = 1
 PROBES = 3
 DEAD_AFTER_S = IDLE_S + INTERVAL_S * PROBES
-"""A silent host is found this long after its last answer: 5 s, against 11 s before and Slurm's
+"""A silent host is found this long after its last answer at the latest, where Slurm itself waits
 SlurmdTimeout (300 s by default). Three probes a second apart: one lost packet is no death."""
 KNOCK_S = 1.5
 """How long a knock at a host waits for any answer."""
