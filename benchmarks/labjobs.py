@@ -11,6 +11,8 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 SYNTHETIC = ROOT / "examples" / "synthetic.yaml"
+# The lab's own daemon control (tests/lab_control.py), which the tests use too.
+sys.path.insert(0, str(ROOT / "tests"))
 
 
 def submit(out: Path, *overrides: str, experiment: Path = SYNTHETIC) -> Path:

@@ -164,33 +164,27 @@ def silence(node: str) -> Callable[[], None]:
         os.kill(pid, signal.SIGSTOP)
 
     def revive() -> None:
-        # Back as a rebooted node: without the job's processes; Slurm's daemons go on.
-        for pid in frozen:
-            with contextlib.suppress(OSError):
-                if Path(f"/proc/{pid}/comm").read_text().strip() not in ("slurmd", "slurmstepd"):
-                    os.kill(pid, signal.SIGKILL)
-                os.kill(pid, signal.SIGCONT)
-        subprocess.run(["ip", "link", "set", veth, "up"], check=True)
+        # Back as a rebooted node: none of its processes left, a fresh slurmd (the lab's own way).
+        from lab_control import LabDaemons  # tests/, on the path once labjobs is imported
 
-        seen: list[str] = []
+        for pid in frozen:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        subprocess.run(["ip", "link", "set", veth, "up"], check=True)
+        lab = LabDaemons(os.environ)
+        lab.start_slurmd(node)
 
         def idle() -> bool:
             said = subprocess.run(["sinfo", "-h", "-n", node, "-o", "%T"], capture_output=True, text=True)
-            seen[:] = said.stdout.split()[:1]
-            return seen == ["idle"]
+            return said.stdout.split()[:1] == ["idle"]
 
-        # Slurm 22.05 kept a node that came back "mixed", with no job on it, for minutes (the old
-        # allocation still held there): a down and a resume clear it.
+        # Slurm 22.05 kept a node that came back "mixed" with no job on it for minutes; a restarted
+        # slurmctld counts allocations afresh.
         with contextlib.suppress(SystemExit):
             wait_for(f"{node} idle again", idle, timeout=20)
             return
-        update = ["scontrol", "update", f"nodename={node}"]
-        subprocess.run([*update, "state=down", "reason=benchmark"], check=True)
-        subprocess.run([*update, "state=resume"], check=True)
-        try:
-            wait_for(f"{node} idle again", idle, timeout=120)
-        except SystemExit:
-            raise SystemExit(f"{node} not idle after it came back: sinfo says {seen}") from None
+        lab.restart_slurmctld()
+        wait_for(f"{node} idle again", idle, timeout=120)
 
     return revive
 
