@@ -85,17 +85,34 @@ def experiment(folder: Path, entrypoint: str, nodes: int, tasks: int, extra: str
     return path
 
 
+def waited(
+    env: dict[str, str],
+    folder: Path,
+    source: str,
+    entrypoint: str,
+    *,
+    nodes: int,
+    tasks: int,
+    extra: str = "",
+    succeeds: bool = False,
+) -> Path:
+    """`source` written as the entrypoint's file in `folder`, submitted with --wait: the run
+    directory, once the run ended as `succeeds` says it must."""
+    (folder / entrypoint.split(":")[0]).write_text(source)
+    exp = experiment(folder, entrypoint, nodes=nodes, tasks=tasks, extra=extra)
+    out = folder / "runs"
+    proc = slurmddp(env, folder, "submit", str(exp), f"output_dir={out}", "--wait")
+    assert (proc.returncode == 0) == succeeds, proc.stdout + proc.stderr
+    return only_run(out)
+
+
 def test_a_script_rank_that_aborts_is_a_failure_not_a_time_limit(
     slurm_env: dict[str, str], tmp_path: Path
 ) -> None:
     """srun's --kill-on-bad-exit SIGTERMs rank 0 after rank 1 aborted; that is no stop request.
     (Before: `timeout; requeue 1 (budget 20)`.) The script starts again inside the allocation."""
-    (tmp_path / "crash_once.py").write_text(CRASH_ONCE)
-    exp = experiment(tmp_path, "crash_once.py", nodes=2, tasks=1)
-    out = tmp_path / "runs"
-    proc = slurmddp(slurm_env, tmp_path, "submit", str(exp), f"output_dir={out}", "--wait")
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    first, second = ends(only_run(out))
+    run = waited(slurm_env, tmp_path, CRASH_ONCE, "crash_once.py", nodes=2, tasks=1, succeeds=True)
+    first, second = ends(run)
     assert (first["reason"], first["requeue"], first.get("in_job")) == ("failure", True, True), first
     assert "restart 1 of 3 in this allocation" in first["message"]
     assert second["reason"] == "completed"
@@ -105,14 +122,16 @@ def test_a_script_rank_that_aborts_is_a_failure_not_a_time_limit(
 def test_a_function_rank_that_aborts_at_the_same_step_twice_stops_the_job(
     slurm_env: dict[str, str], tmp_path: Path
 ) -> None:
-    (tmp_path / "crash_at_5.py").write_text(CRASH_AT_5)
-    exp = experiment(
-        tmp_path, "crash_at_5.py:train", nodes=1, tasks=3, extra="checkpoint: {every_steps: 2}\n"
+    run = waited(
+        slurm_env,
+        tmp_path,
+        CRASH_AT_5,
+        "crash_at_5.py:train",
+        nodes=1,
+        tasks=3,
+        extra="checkpoint: {every_steps: 2}\n",
     )
-    out = tmp_path / "runs"
-    proc = slurmddp(slurm_env, tmp_path, "submit", str(exp), f"output_dir={out}", "--wait")
-    assert proc.returncode != 0, proc.stdout + proc.stderr
-    records = ends(only_run(out))
+    records = ends(run)
     assert [(r["reason"], r["step"], r["requeue"]) for r in records] == [
         ("failure", 5, True),
         ("failure", 5, False),
@@ -124,12 +143,7 @@ def test_a_script_rank_that_aborts_after_the_same_step_twice_stops_the_job(
     slurm_env: dict[str, str], tmp_path: Path
 ) -> None:
     """A script has no ctx.loop: its optimizer steps are counted (job.scriptrun)."""
-    (tmp_path / "crash_at_3.py").write_text(SCRIPT_CRASH_AT_3)
-    exp = experiment(tmp_path, "crash_at_3.py", nodes=2, tasks=1)
-    out = tmp_path / "runs"
-    proc = slurmddp(slurm_env, tmp_path, "submit", str(exp), f"output_dir={out}", "--wait")
-    assert proc.returncode != 0, proc.stdout + proc.stderr
-    run = only_run(out)
+    run = waited(slurm_env, tmp_path, SCRIPT_CRASH_AT_3, "crash_at_3.py", nodes=2, tasks=1)
     records = ends(run)
     assert [(r["reason"], r["step"], r["requeue"]) for r in records] == [
         ("failure", 3, True),
@@ -169,12 +183,7 @@ def test_the_same_crash_before_the_first_step_stops_after_two_attempts(
 ) -> None:
     """Before: 16 attempts (4 in each of 4 allocations), 113 s, since no step told the crashes
     apart. Now the second NameError from the same line ends the run, still in its allocation."""
-    (tmp_path / "setup_typo.py").write_text(SETUP_TYPO)
-    exp = experiment(tmp_path, "setup_typo.py:train", nodes=1, tasks=2)
-    out = tmp_path / "runs"
-    proc = slurmddp(slurm_env, tmp_path, "submit", str(exp), f"output_dir={out}", "--wait")
-    assert proc.returncode != 0, proc.stdout + proc.stderr
-    run = only_run(out)
+    run = waited(slurm_env, tmp_path, SETUP_TYPO, "setup_typo.py:train", nodes=1, tasks=2)
     first, last = ends(run)
     assert (first["reason"], first["step"], first.get("in_job")) == ("failure", None, True), first
     assert (last["reason"], last["final"], last["restart_count"]) == ("failure", True, 0), last
@@ -188,12 +197,7 @@ def test_a_script_whose_argparse_exits_at_once_stops_after_two_attempts(
     slurm_env: dict[str, str], tmp_path: Path
 ) -> None:
     """Before: 16 attempts. Each rank records the script's status, 2, with no step made."""
-    (tmp_path / "needs_an_argument.py").write_text(NEEDS_AN_ARGUMENT)
-    exp = experiment(tmp_path, "needs_an_argument.py", nodes=1, tasks=2)
-    out = tmp_path / "runs"
-    proc = slurmddp(slurm_env, tmp_path, "submit", str(exp), f"output_dir={out}", "--wait")
-    assert proc.returncode != 0, proc.stdout + proc.stderr
-    run = only_run(out)
+    run = waited(slurm_env, tmp_path, NEEDS_AN_ARGUMENT, "needs_an_argument.py", nodes=1, tasks=2)
     records = ends(run)
     assert [(r["reason"], r["requeue"]) for r in records] == [("failure", True), ("failure", False)], records
     assert "(the script exited with status 2 before any step)" in records[-1]["message"], records[-1]
@@ -256,12 +260,9 @@ def test_a_script_that_ended_and_then_died_in_python_shutdown_completed(
     """Before: the abort cost a requeue, and twice in a row after the last step would have ended a
     finished run as "crashed at step N twice in a row". Now the finished script's process leaves
     before the interpreter's teardown (job/scriptrun.py), so the abort never happens."""
-    (tmp_path / "dies_in_shutdown.py").write_text(DIES_IN_SHUTDOWN)
-    exp = experiment(tmp_path, "dies_in_shutdown.py", nodes=2, tasks=1)
-    out = tmp_path / "runs"
-    proc = slurmddp(slurm_env, tmp_path, "submit", str(exp), f"output_dir={out}", "--wait")
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    run = only_run(out)
+    run = waited(
+        slurm_env, tmp_path, DIES_IN_SHUTDOWN, "dies_in_shutdown.py", nodes=2, tasks=1, succeeds=True
+    )
     assert [r["reason"] for r in ends(run)] == ["completed"]
     logs = {e.name: e.read_text() for e in sorted(run.glob("logs/*_log.err"))}
     assert len(logs) == 2, logs
@@ -457,12 +458,7 @@ NVML_WORDS_AT_5 = linear_ddp_train(
 def test_an_error_that_names_nvml_leaves_no_node_out(slurm_env: dict[str, str], tmp_path: Path) -> None:
     """Before: node2 excluded for good after the first crash, then node3 too. A node is blamed on
     its device's evidence only (job/crash.py); the same error twice stops the run."""
-    (tmp_path / "nvml_words.py").write_text(NVML_WORDS_AT_5)
-    exp = experiment(tmp_path, "nvml_words.py:train", nodes=2, tasks=1)
-    out = tmp_path / "runs"
-    proc = slurmddp(slurm_env, tmp_path, "submit", str(exp), f"output_dir={out}", "--wait")
-    assert proc.returncode != 0, proc.stdout + proc.stderr
-    run = only_run(out)
+    run = waited(slurm_env, tmp_path, NVML_WORDS_AT_5, "nvml_words.py:train", nodes=2, tasks=1)
     records = ends(run)
     assert [(r["reason"], r["step"], r["requeue"]) for r in records] == [
         ("failure", 5, True),
