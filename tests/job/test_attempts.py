@@ -526,20 +526,26 @@ def test_preemption_and_time_limit_leave_the_allocation(
     assert requeues_in(slurm_commands) == [["scontrol", "requeue", "77"]] * 2
 
 
+def failed(path: Path, env: dict[str, str], now: float, partition_size: int = 3) -> int:
+    """attempts.end after a failed attempt (srun's status 1) on a partition of `partition_size`
+    nodes, none of which Slurm saw go down: the batch script's status."""
+    return attempts.end(
+        path,
+        1,
+        env,
+        now=now,
+        preempt_time=lambda j: None,
+        partition_nodes=lambda p: partition_size,
+        failed_nodes=lambda n, t: {},
+    )
+
+
 def preflight_names_node2(path: Path, env: dict[str, str], partition_size: int) -> int:
     """The end of attempt 0 after a preflight that found node2 slow; the batch script's status."""
     Failure(5, 1, "preflight failed", AttemptId("77", 0), time.time(), bad_hosts={"node2": "slow"}).write(
         path
     )
-    return attempts.end(
-        path,
-        1,
-        env,
-        now=2.0,
-        preempt_time=lambda j: None,
-        partition_nodes=lambda p: partition_size,
-        failed_nodes=lambda n, t: {},
-    )
+    return failed(path, env, 2.0, partition_size=partition_size)
 
 
 def test_a_failure_that_leaves_a_node_out_goes_through_the_queue(
@@ -628,15 +634,7 @@ def node2_killed(path: Path, env: dict[str, str]) -> int:
     )
     failure = Failure.read_all(path)[-1]
     Failure(**{**vars(failure), "suspect_hosts": suspected}).write(path, replace=True)
-    return attempts.end(
-        path,
-        1,
-        env,
-        now=1001.0,
-        preempt_time=lambda j: None,
-        partition_nodes=lambda p: 3,
-        failed_nodes=lambda n, t: {},
-    )
+    return failed(path, env, 1001.0)
 
 
 def test_a_node_whose_ranks_all_died_is_swapped_for_a_spare(
@@ -667,15 +665,7 @@ def test_a_suspect_is_left_out_of_its_allocation_only(
     begin_spare(path, 1, capsys)
     # The restart on the spare fails too, with no step gained: through the queue.
     Failure(None, 1, "OSError()", AttemptId("77", 0, 1), time.time(), exception="OSError").write(path)
-    status = attempts.end(
-        path,
-        1,
-        {**SPARE_ENV, IN_JOB_RESTART_ENV: "1"},
-        now=1002.0,
-        preempt_time=lambda j: None,
-        partition_nodes=lambda p: 3,
-        failed_nodes=lambda n, t: {},
-    )
+    status = failed(path, {**SPARE_ENV, IN_JOB_RESTART_ENV: "1"}, 1002.0)
     assert status == 0 and not ends(path)[-1].in_job and ends(path)[-1].requeue
     assert requeues_in(slurm_commands) == [["scontrol", "requeue", "77"]]
     assert not any("ExcNodeList" in word for command in slurm_commands for word in command)
@@ -702,15 +692,7 @@ def hung(path: Path, env: dict[str, str]) -> int:
     Failure(
         7, 0, f"hang: {cause}", me, 1.0, cause=cause, hang_dir="hangs/77.0", suspect_hosts={"node2": cause}
     ).write(path)
-    return attempts.end(
-        path,
-        1,
-        env,
-        now=1001.0,
-        preempt_time=lambda j: None,
-        partition_nodes=lambda p: 3,
-        failed_nodes=lambda n, t: {},
-    )
+    return failed(path, env, 1001.0)
 
 
 def test_a_hangs_culprit_is_set_aside_for_a_spare_and_else_kept(
