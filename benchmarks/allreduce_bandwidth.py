@@ -63,7 +63,7 @@ def plain_bus_gbps(data: object, world: int) -> float:
     """What a user would measure: warm up once, then time a loop of all-reduces."""
     import torch.distributed as tdist
 
-    from slurmddp.job.preflight import bus_gbps
+    from slurmddp.job.process.preflight import bus_gbps
 
     tdist.all_reduce(data)  # type: ignore[arg-type]
     tdist.barrier()
@@ -82,8 +82,8 @@ def rank_side(args: argparse.Namespace) -> None:
     import torch.distributed as tdist
 
     from slurmddp.experiment.schema import Preflight
-    from slurmddp.job import distenv, preflight
-    from slurmddp.layout import PREFLIGHT
+    from slurmddp.job.process import distenv, preflight
+    from slurmddp.rundir.layout import PREFLIGHT
 
     dist = distenv.from_environment(os.environ)
     os.environ.update(distenv.rank_env(dist))

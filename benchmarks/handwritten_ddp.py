@@ -16,7 +16,7 @@ the time.time() they were written at, which step_time.py reads.
 For step_time.py's `handwritten:EXTRAS` variants, a fourth argument adds pieces of what slurmddp
 does, by name (comma-separated): `flags`, the loop's per-step agreement (an async all-reduce of
 2 int32 started at one step boundary and waited for at the next); `seeds`, ctx.loader's per-sample
-reseeding in the workers (slurmddp.job.data's dataset wrapper); `threadsN`,
+reseeding in the workers (slurmddp.job.train.data's dataset wrapper); `threadsN`,
 torch.set_num_threads(N): `threads2` is what a slurmddp rank has on this machine (torch is imported
 before the runtime sets OMP_NUM_THREADS=1), `threads1` undoes that inside slurmddp's runtime.
 """
@@ -75,7 +75,7 @@ def run(epochs: int, workers: int, out: Path, extras: frozenset[str] = frozenset
     per_rank = GLOBAL_BATCH // world
     train_set: Dataset[tuple[torch.Tensor, torch.Tensor, int]] = Digits(0, -VALIDATION, torch.float32)
     if "seeds" in extras and workers > 0:
-        from slurmddp.job.data import _PerSampleSeeded
+        from slurmddp.job.train.data import _PerSampleSeeded
 
         train_set = _PerSampleSeeded(train_set, SEED)
     val_set = Digits(-VALIDATION, None, torch.float32)

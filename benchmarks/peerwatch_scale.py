@@ -1,8 +1,8 @@
-"""The peer watch at scale, by simulation: rank 0's watch (job/peerwatch.py, as a rank runs it) with
+"""The peer watch at scale, by simulation: rank 0's watch (job/process/peerwatch.py, as a rank runs it) with
 RANKS - 1 followers spread over the lab's three nodes, each follower one connection that speaks
 the watch's protocol (challenge, proof, welcome) from a light process per node (no torch). Then
 one node goes silent (its link down and its processes stopped) and the watch must name that node
-as lost within the bound it keeps for two ranks (job/liveness.py's DEAD_AFTER_S, plus the knock).
+as lost within the bound it keeps for two ranks (job/process/liveness.py's DEAD_AFTER_S, plus the knock).
 
 Prints, per round: how long rank 0 took to take every follower in, rank 0's process CPU time and
 resident memory while watching them (idle, over WATCH_S) against the same process before any
@@ -30,8 +30,9 @@ from pathlib import Path
 from typing import Any
 
 from slurmddp.defaults import SLURMD_PORT_ENV
-from slurmddp.job import liveness, peerwatch, watchkey
-from slurmddp.job.distenv import DistEnv
+from slurmddp.job.process import liveness, peerwatch
+from slurmddp.job.process.distenv import DistEnv
+from slurmddp.rundir import watchkey
 
 NODES = ("node1", "node2", "node3")
 WATCH_S = 20.0
@@ -40,7 +41,8 @@ WATCH_S = 20.0
 FOLLOWERS = textwrap.dedent(
     """
     import socket, sys, time
-    from slurmddp.job import liveness, watchkey
+    from slurmddp.job.process import liveness
+    from slurmddp.rundir import watchkey
 
     address, port, key_path, ranks = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4:]
     key = bytes.fromhex(open(key_path).read().strip())

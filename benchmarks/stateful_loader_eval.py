@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch.utils.data import Dataset, DistributedSampler
 
-from slurmddp.job.data import Feed, make_loader
+from slurmddp.job.train.data import Feed, make_loader
 
 SAMPLES, WORLD, BATCH, STOP = 1437, 4, 16, 9
 

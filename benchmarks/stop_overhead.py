@@ -6,7 +6,7 @@ finely enough to see 1 %.
 Every rank holds two DDP copies of the same MLP (784 -> width -> width -> 10): untouched (the
 baseline), and asking `slurmddp.should_stop()` after each optimizer step over a rendezvous store
 that rank 0 hosts as a script rank's process does (one compare-and-set round trip a step). (A
-resumed script's DDP starts in the bucket layout DDP itself rebuilt to, job/ddp_buckets.py: no
+resumed script's DDP starts in the bucket layout DDP itself rebuilt to, job/script/ddp_buckets.py: no
 step of either differs.) They train in alternating blocks of `--steps` steps, so drift of the
 machine hits both within a second. Prints each one's median step time and, against
 the baseline, the median of the per-block ratios (target <= 1.01) and their quartiles.
@@ -28,7 +28,7 @@ import torch.multiprocessing as mp
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from slurmddp.job.stop import Agreement
+from slurmddp.job.process.stop import Agreement
 
 RANKS = 3
 VARIANTS = ["plain", "should_stop"]

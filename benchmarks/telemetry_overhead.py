@@ -29,7 +29,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from slurmddp.experiment import schema
-from slurmddp.job.telemetry import Telemetry
+from slurmddp.job.train.telemetry import Telemetry
 
 RANKS = 3
 VARIANTS = ["plain", "hook", "telemetry"]

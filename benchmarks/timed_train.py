@@ -50,7 +50,7 @@ def process_started() -> float:
 
 
 def train(ctx: RunContext) -> Any:
-    from slurmddp.job.loop import TrainLoop
+    from slurmddp.job.train.loop import TrainLoop
 
     record: dict[str, Any] = {"rank": ctx.rank, "started": process_started(), "entered": now(), "steps": []}
     threads = ctx.train.get("timed_threads")
@@ -101,7 +101,7 @@ def _cheap_seeds() -> None:
     import torch
     from torch.utils.data import get_worker_info
 
-    from slurmddp.job import data
+    from slurmddp.job.train import data
 
     def getitem(self: data._PerSampleSeeded, index: int) -> Any:
         if get_worker_info() is not None:

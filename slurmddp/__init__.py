@@ -11,21 +11,24 @@ The package follows the flow of a submission; each sub-package is one side of it
 
     experiment/  the schema, loading and layering, the sweep spec, entrypoint checks
     submit/      experiment -> SubmissionPlan (pure) -> submitit; the batch-script templates
-    job/         everything inside an allocation: boot, the rank spec (typed settings) and runtime,
-                 distenv, the MPI handshake, signals, loop, checkpoint, data (loaders) and sampler,
-                 metrics (reductions), trackers, preflight, provenance, the run directory's
-                 records, the requeue policy and the batch script's attempt entry
+    job/         everything inside an allocation, in rooms by where the code runs: allocation/
+                 (the batch script's attempts and requeue rules), checkpoint/, process/ (a rank's
+                 environment, signals, stop and watches), train/ (context, loop, loaders,
+                 sampler, trackers, telemetry), script/ (script mode), launch/ (a rank's start)
     manage/      runs read back from their directories: status, logs, cancel, resubmit, results,
                  sweeps and scaling studies; what differs between executors in one backend each
     cluster/     facts about Slurm and the machine: host lists, time syntax, fabric detection,
                  and the one module that runs Slurm's commands
     cli/         argument parsing and entry points, one module per group of commands
     integrations/ what a training script imports to be preemption-safe under its framework
-    errors, files, yamlio, layout, defaults: leaf helpers
+    rundir/      the run directory: its file names and one typed record per file
+    errors, files, yamlio, defaults: leaf helpers
 
 Import rules (tests/test_architecture.py enforces them, imports inside functions included):
 - the leaf helpers import nothing of ours;
-- `cluster` imports only leaf helpers;
+- `cluster` and `rundir` import only leaf helpers;
+- inside `job`, a room imports only the rooms below it (allocation, checkpoint, process, train,
+  script, launch, in that order);
 - `job` never imports `submit`, `manage`, `cli` or `integrations`: a rank must not pull in
   login-node code, nor a framework;
 - `integrations` imports only `experiment` and `job`;
@@ -44,16 +47,16 @@ __version__ = VERSION
 __all__ = ["ResumableDistributedSampler", "RunContext", "StopForRequeue", "exit_for_requeue", "should_stop"]
 
 if TYPE_CHECKING:
-    from slurmddp.job.context import RunContext
-    from slurmddp.job.sampler import ResumableDistributedSampler
-    from slurmddp.job.stop import StopForRequeue, exit_for_requeue, should_stop
+    from slurmddp.job.process.stop import StopForRequeue, exit_for_requeue, should_stop
+    from slurmddp.job.train.context import RunContext
+    from slurmddp.job.train.sampler import ResumableDistributedSampler
 
 _EXPORTS = {
-    "RunContext": "slurmddp.job.context",
-    "StopForRequeue": "slurmddp.job.stop",
-    "ResumableDistributedSampler": "slurmddp.job.sampler",
-    "should_stop": "slurmddp.job.stop",
-    "exit_for_requeue": "slurmddp.job.stop",
+    "RunContext": "slurmddp.job.train.context",
+    "StopForRequeue": "slurmddp.job.process.stop",
+    "ResumableDistributedSampler": "slurmddp.job.train.sampler",
+    "should_stop": "slurmddp.job.process.stop",
+    "exit_for_requeue": "slurmddp.job.process.stop",
 }
 
 

@@ -27,7 +27,7 @@ OUTPUT_DIR_MODES: dict[OutputMode, int] = {"private": 0o700, "group": 0o750}
 """The permissions of every directory slurmddp creates for a run: the run or sweep directory, its
 submitit folder, and OUTPUT_DIR/NAME where missing. Nobody else may write any of them: every rank
 unpickles its job from the submitit folder, so a writable one would let another user run code as
-the job's owner (and the ranks refuse such a pickle; see job/trust.py)."""
+the job's owner (and the ranks refuse such a pickle; see job/launch/trust.py)."""
 
 STOP_SIGNAL: StopSignal = "USR2"
 """What Slurm sends before the time limit (sbatch --signal) unless requeue.signal says otherwise."""
@@ -49,7 +49,7 @@ IN_JOB_RESTART_ENV = "SLURMDDP_IN_JOB_RESTART"
 """The batch script's count of restarts in this allocation, exported for `attempts` and the ranks."""
 SLURMD_PORT_ENV = "SLURMDDP_SLURMD_PORT"
 """Set by the batch script: the port slurmd listens on, which the peer watch knocks at to tell a
-node that stopped answering from a rank that died (job/liveness.py)."""
+node that stopped answering from a rank that died (job/process/liveness.py)."""
 LOCAL_REQUEUE_STATUS = 144
 """submitit's local controller reruns every task when one exits with this status (submitit 1.5)."""
 

@@ -46,7 +46,7 @@ class DistEnvError(SlurmddpError):
 
 class UntrustedPickle(SlurmddpError):
     """A rank's job pickle, or the folder it is in, could have been written by another user; the
-    rank refuses to unpickle it (job/trust.py)."""
+    rank refuses to unpickle it (job/launch/trust.py)."""
 
 
 class PreflightError(SlurmddpError):

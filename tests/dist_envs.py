@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from slurmddp.job.distenv import DistEnv
+from slurmddp.job.process.distenv import DistEnv
 
 
 def dist_env(**changes: Any) -> DistEnv:

@@ -13,20 +13,29 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "slurmddp"
-SIDES = ("experiment", "submit", "job", "manage", "cluster", "cli", "integrations")
-LEAVES = ("errors", "files", "yamlio", "layout", "defaults")
+SIDES = ("experiment", "submit", "job", "manage", "cluster", "cli", "integrations", "rundir")
+LEAVES = ("errors", "files", "yamlio", "defaults")
 # The sides each side may import (besides itself and the leaf helpers).
 ALLOWED = {
+    # The run directory's files: what the batch script, the ranks and the login-node commands
+    # each read of what another wrote.
+    "rundir": set(),
     "cluster": set(),
     "experiment": {"cluster"},
-    "job": {"cluster", "experiment"},
-    "submit": {"cluster", "experiment", "job"},
-    "manage": {"cluster", "experiment", "job", "submit"},
-    "cli": {"cluster", "experiment", "job", "submit", "manage"},
+    "job": {"cluster", "experiment", "rundir"},
+    "submit": {"cluster", "experiment", "job", "rundir"},
+    "manage": {"cluster", "experiment", "job", "submit", "rundir"},
+    "cli": {"cluster", "experiment", "job", "submit", "manage", "rundir"},
     # What a training script imports to be preemption-safe under its framework: it runs in the
-    # script's process, beside the job side's stop (job/stop.py), and never on a login node.
-    "integrations": {"experiment", "job"},
+    # script's process, beside the job side's stop (job/process/stop.py), and never on a login node.
+    "integrations": {"experiment", "job", "rundir"},
 }
+ROOMS = ("allocation", "checkpoint", "process", "train", "script", "launch")
+"""job/'s rooms, bottom first (slurmddp/job/__init__.py): each imports only those before it."""
+JOB_BOTTOM = "slurmddp.job.spec"
+"""The picklable settings every rank is handed: below every room."""
+JOB_TOP = "slurmddp.job.rank"
+"""The callable submit pickles: above every room, imported by no room."""
 # What `submit` may take from `job`: the picklable spec handed to every rank and the callable that
 # carries it, nothing that runs there.
 SUBMIT_FROM_JOB = {"slurmddp.job.spec", "slurmddp.job.rank"}
@@ -81,12 +90,36 @@ def side(module: str) -> str:
     return parts[1] if parts[1] in SIDES else "leaf"
 
 
+def room(module: str) -> int | None:
+    """The position of a job module's room in ROOMS (JOB_BOTTOM: -1, JOB_TOP: len(ROOMS)); None
+    outside job/ or for a module of job/ that is in no room."""
+    parts = module.split(".")
+    if parts[:2] != ["slurmddp", "job"] or len(parts) < 3:
+        return None
+    if module in (JOB_BOTTOM, JOB_TOP):
+        return -1 if module == JOB_BOTTOM else len(ROOMS)
+    return ROOMS.index(parts[2]) if parts[2] in ROOMS and len(parts) > 3 else None
+
+
+def room_rule(edge: Edge) -> str | None:
+    """Why a job module may not import another job module, or None."""
+    source, target = room(edge.source), room(edge.target)
+    if source is None or target is None or source >= target:
+        return None
+    if edge.target == JOB_TOP:
+        return "no room imports job.rank (the callable submit pickles)"
+    allowed = ", ".join(ROOMS[: max(source, 0)]) or "job.spec"
+    return f"a room of job/ imports only those below it ({allowed})"
+
+
 def violations(found: list[Edge]) -> list[str]:
     problems = []
     for edge in found:
         source, target = side(edge.source), side(edge.target)
         rule = None
-        if source == "leaf":
+        if source == target == "job":
+            rule = room_rule(edge)
+        elif source == "leaf":
             rule = "the leaf helpers import nothing of ours"
         elif target == "cli" and source not in ("cli", "root"):
             rule = "nothing imports cli"
@@ -161,6 +194,15 @@ def test_every_module_lives_in_a_side_or_is_a_leaf_helper() -> None:
     assert loose == [], f"put these into the sub-package whose side of the flow they serve: {loose}"
 
 
+def test_every_module_of_job_lives_in_a_room() -> None:
+    loose = [
+        name
+        for name in modules()
+        if name.startswith("slurmddp.job.") and room(name) is None and name.split(".")[2] not in ROOMS
+    ]
+    assert loose == [], f"put these into the room of job/ where they run: {loose}"
+
+
 def test_imports_follow_the_rules(found: list[Edge]) -> None:
     problems = violations(found)
     assert problems == [], "import rules broken:\n" + "\n".join(problems)
@@ -220,23 +262,32 @@ def test_rank_code_takes_settings_typed() -> None:
 def test_the_checks_catch_what_they_are_for(tmp_path: Path) -> None:
     """A job -> submit import, a leaf importing ours, one group of commands importing another, and
     a two-module cycle hidden in a function are each reported: the rules above can fail."""
-    for folder in ("job", "submit", "cli"):
+    for folder in ("job", "job/launch", "job/train", "submit", "cli", "rundir"):
         (tmp_path / folder).mkdir()
         (tmp_path / folder / "__init__.py").write_text("")
-    (tmp_path / "errors.py").write_text("from slurmddp.layout import CONFIG\n")
-    (tmp_path / "layout.py").write_text("CONFIG = 'config.yaml'\n")
-    (tmp_path / "job" / "runtime.py").write_text("def f():\n    from slurmddp.submit import plan\n")
-    (tmp_path / "submit" / "plan.py").write_text("from slurmddp.job.runtime import f\n")
+    (tmp_path / "errors.py").write_text("from slurmddp.rundir.layout import CONFIG\n")
+    (tmp_path / "rundir" / "layout.py").write_text("CONFIG = 'config.yaml'\n")
+    (tmp_path / "job" / "launch" / "runtime.py").write_text(
+        "def f():\n    from slurmddp.submit import plan\n"
+    )
+    (tmp_path / "job" / "train" / "loop.py").write_text("from slurmddp.job.launch import runtime\n")
+    (tmp_path / "submit" / "plan.py").write_text("from slurmddp.job.launch.runtime import f\n")
     (tmp_path / "cli" / "run_cmd.py").write_text("")
     (tmp_path / "cli" / "stop_cmd.py").write_text("from slurmddp.cli import run_cmd\n")
     found = list(edges(modules(tmp_path)))
     problems = violations(found)
-    assert any("slurmddp.job.runtime -> slurmddp.submit.plan: job may import only" in p for p in problems)
-    assert any("slurmddp.errors -> slurmddp.layout: the leaf helpers" in p for p in problems)
+    assert any(
+        "slurmddp.job.launch.runtime -> slurmddp.submit.plan: job may import only" in p for p in problems
+    )
+    assert any("slurmddp.errors -> slurmddp.rundir.layout: the leaf helpers" in p for p in problems)
     assert any("submit takes only the picklable spec" in p for p in problems)
     assert any("slurmddp.cli.stop_cmd -> slurmddp.cli.run_cmd: only cli.main" in p for p in problems)
-    assert cycles(graphs(found)[0]) == [["slurmddp.job.runtime", "slurmddp.submit.plan"]]
-    (tmp_path / "job" / "context.py").write_text(
+    assert any(
+        "slurmddp.job.train.loop -> slurmddp.job.launch.runtime: a room of job/ imports only" in p
+        for p in problems
+    )
+    assert cycles(graphs(found)[0]) == [["slurmddp.job.launch.runtime", "slurmddp.submit.plan"]]
+    (tmp_path / "job" / "train" / "context.py").write_text(
         "a = self.config.ddp.accumulate\nb = config['checkpoint']\nc = self.config.get('telemetry')\n"
         "d = self.config.train.lr\n"
     )
@@ -248,7 +299,7 @@ def test_the_checks_catch_what_they_are_for(tmp_path: Path) -> None:
     ]
 
 
-RECORDS = "slurmddp.job.records"
+RECORDS = "slurmddp.rundir.records"
 """The one module that spells the run directory's JSON keys (DESIGN.md, "Records and settings")."""
 
 
@@ -266,7 +317,7 @@ def spelt_keys(known: dict[str, Path], key: str) -> list[str]:
 
 def test_the_attempt_identity_is_spelt_only_in_the_records_module(tmp_path: Path) -> None:
     """Every record of an attempt names it by job id and restart count: a module that writes or
-    reads "restart_count" itself parses a record by hand (use slurmddp.job.records.AttemptId)."""
+    reads "restart_count" itself parses a record by hand (use slurmddp.rundir.records.AttemptId)."""
     assert spelt_keys(modules(), "restart_count") == []
     (tmp_path / "job").mkdir()
     (tmp_path / "job" / "loop.py").write_text('ID = {"restart_count": 0}\n')

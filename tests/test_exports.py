@@ -11,9 +11,9 @@ import pytest
 
 def test_the_user_names_are_the_job_sides_classes() -> None:
     import slurmddp
-    from slurmddp.job.context import RunContext
-    from slurmddp.job.sampler import ResumableDistributedSampler
-    from slurmddp.job.stop import StopForRequeue, exit_for_requeue, should_stop
+    from slurmddp.job.process.stop import StopForRequeue, exit_for_requeue, should_stop
+    from slurmddp.job.train.context import RunContext
+    from slurmddp.job.train.sampler import ResumableDistributedSampler
 
     assert slurmddp.RunContext is RunContext
     assert slurmddp.StopForRequeue is StopForRequeue

@@ -9,7 +9,7 @@ from typing import TextIO
 from slurmddp.cluster.generations import Version, shown
 from slurmddp.experiment.load import Loaded, SweepElement
 from slurmddp.experiment.sweep import describe
-from slurmddp.job import distenv
+from slurmddp.job.process import distenv
 from slurmddp.submit.plan import SubmissionPlan, command, task_env
 
 PREVIEW_JOB_ID = 12345

@@ -11,9 +11,9 @@ from slurmddp.defaults import ALWAYS_STOP_ON, STOP_SIGNAL
 from slurmddp.errors import SlurmddpError
 from slurmddp.experiment.load import load_experiment
 from slurmddp.files import write_atomic
-from slurmddp.job import mpi, signals
-from slurmddp.job.runtime import run_rank
-from slurmddp.layout import CONFIG, new_run_dir
+from slurmddp.job.launch.runtime import run_rank
+from slurmddp.job.process import mpi, signals
+from slurmddp.rundir.layout import CONFIG, new_run_dir
 from slurmddp.submit import submitter
 from slurmddp.submit.prepare import plan_for
 

@@ -371,7 +371,7 @@ class Ddp:
 
 @dataclass(kw_only=True)
 class Telemetry:
-    """What the loop measures of every step (no change to the training code; see job/telemetry.py):
+    """What the loop measures of every step (no change to the training code; see job/train/telemetry.py):
     step time, throughput, the wait for data, the gradient all-reduces (a timed DDP communication
     hook) and the part of them compute did not hide, a barrier's latency, peak GPU memory."""
 

@@ -1,6 +1,6 @@
 """Preemption-safe training under the frameworks users bring, one module each, in the framework's
 own idiom: each saves at the step every rank agreed to stop at (`slurmddp.should_stop()`,
-job/stop.py), ends the attempt for a requeue, and resumes from the newest complete checkpoint.
+job/process/stop.py), ends the attempt for a requeue, and resumes from the newest complete checkpoint.
 
     slurmddp.integrations.transformers   a TrainerCallback for HF transformers' Trainer
     slurmddp.integrations.lightning      a Callback for PyTorch Lightning's Trainer

@@ -38,7 +38,7 @@ DataLoader iterator draws from the global torch generator, which a run that neve
 the start of the epoch, not in its middle). DDP's bucket rebuild after its first step changes the
 order in which ranks' gradients are summed; that is not this module's concern: slurmddp builds a
 resumed attempt's DDP in the layout the first attempt's rebuilt to, in every script's process
-(`ddp.resume_buckets`, job/ddp_buckets.py), so the first step after a resume sums as the
+(`ddp.resume_buckets`, job/script/ddp_buckets.py), so the first step after a resume sums as the
 uninterrupted run did (outside slurmddp, or with it off, it sums in another order).
 
 Accelerate is never imported here: the accelerator and its loader are used through their public
@@ -57,9 +57,9 @@ from typing import Any
 
 from slurmddp import files
 from slurmddp.errors import CheckpointError
-from slurmddp.job import stop
 from slurmddp.job.checkpoint.integrity import size_problem, step_dir_name, step_dirs
 from slurmddp.job.checkpoint.rng import capture_rng_state, restore_rng_state
+from slurmddp.job.process import stop
 
 MARKER = "slurmddp-complete.json"
 """Written by rank 0 last, once every rank's save_state returned and its files are durable."""

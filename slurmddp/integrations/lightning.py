@@ -26,7 +26,7 @@ What the callback does, per hook (Lightning 2.6.6; docs/frameworks/lightning.md 
 DDP's bucket rebuild after its first step (which a resumed attempt would reach one step later than
 the uninterrupted run did) is not the callback's concern: slurmddp builds a resumed attempt's DDP
 in the layout the first attempt's rebuilt to, in every script's process (`ddp.resume_buckets`,
-job/ddp_buckets.py), so with 3 or more ranks the first step after a resume sums as the
+job/script/ddp_buckets.py), so with 3 or more ranks the first step after a resume sums as the
 uninterrupted run did.
 
 The checkpoints live in `$SLURMDDP_RUN_DIR/lightning_checkpoints/step-NNNNNNNN/` (or `dirpath`).
@@ -55,7 +55,7 @@ from slurmddp.job.checkpoint.integrity import (
 )
 from slurmddp.job.checkpoint.io import file_crc32, write_stream_atomic
 from slurmddp.job.checkpoint.rng import capture_rng_state, restore_rng_state
-from slurmddp.job.stop import exit_for_requeue, should_stop
+from slurmddp.job.process.stop import exit_for_requeue, should_stop
 
 try:
     from lightning.pytorch import Callback as _Callback

@@ -33,7 +33,7 @@ Exactness: Trainer restores the data order, the RNG streams and every state it s
 gradient buckets need nothing here: with Trainer's default for a PreTrainedModel
 (`ddp_find_unused_parameters=True`) DDP never rebuilds them, and with False slurmddp builds a
 resumed attempt's DDP in the layout the first attempt rebuilt to, for every script
-(`ddp.resume_buckets`, job/ddp_buckets.py).
+(`ddp.resume_buckets`, job/script/ddp_buckets.py).
 
 `auto()` gives every Trainer built afterwards the callback, for scripts left unchanged.
 """
@@ -55,8 +55,8 @@ from transformers import Trainer, TrainerCallback, TrainerControl, TrainerState,
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from slurmddp.files import fsync_dir, write_json
-from slurmddp.job import stop
 from slurmddp.job.checkpoint.integrity import size_problem
+from slurmddp.job.process import stop
 
 __all__ = ["COMPLETE", "SlurmddpCallback", "auto", "checkpoint_problem", "newest_complete", "resume_point"]
 

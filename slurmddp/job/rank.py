@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from slurmddp.job import signals
+from slurmddp.job.process import signals
 from slurmddp.job.spec import RankSpec
 
 
@@ -23,6 +23,6 @@ class Rank:
         signals.install(self.spec.stop_signals)
         # Imported here: unpickling this class on a task must not pull in torch, and the submit
         # side that builds it must not import the runtime.
-        from slurmddp.job.runtime import run_rank
+        from slurmddp.job.launch.runtime import run_rank
 
         return run_rank(self.spec)

@@ -25,7 +25,7 @@ from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 
 from slurmddp.cluster.slurm import Allocation, JobState
-from slurmddp.job.records import AttemptEvent, End
+from slurmddp.rundir.records import AttemptEvent, End
 
 PENDING_AGAIN: frozenset[JobState] = frozenset({"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED"})
 """squeue states of a job whose last allocation has ended and that is waiting to run again."""

@@ -15,8 +15,12 @@ from slurmddp.defaults import STOP_SIGNAL, RequeueReason
 from slurmddp.errors import SlurmddpError
 from slurmddp.experiment.load import Loaded, SweepElement, load_experiment
 from slurmddp.experiment.resubmit import accumulate_for, check_changes
-from slurmddp.job import records
-from slurmddp.job.records import (
+from slurmddp.manage import runs
+from slurmddp.manage.amend import with_exclude
+from slurmddp.manage.runs import RunState
+from slurmddp.rundir import records
+from slurmddp.rundir.layout import CONFIG, PROGRESS
+from slurmddp.rundir.records import (
     CANCELLED,
     End,
     Exclusion,
@@ -24,10 +28,6 @@ from slurmddp.job.records import (
     Progress,
     Resubmit,
 )
-from slurmddp.layout import CONFIG, PROGRESS
-from slurmddp.manage import runs
-from slurmddp.manage.amend import with_exclude
-from slurmddp.manage.runs import RunState
 from slurmddp.submit import submitter
 from slurmddp.submit.prepare import plan_for
 

@@ -19,10 +19,10 @@ from slurmddp.cluster import slurm
 from slurmddp.cluster.slurm import Allocation, JobState
 from slurmddp.defaults import RequeueReason, RunExecutor
 from slurmddp.errors import SlurmddpError
-from slurmddp.job import records
-from slurmddp.job.records import AttemptId, Interrupt
-from slurmddp.layout import FAILURE, RESULT
 from slurmddp.manage import local_ranks
+from slurmddp.rundir import records
+from slurmddp.rundir.layout import FAILURE, RESULT
+from slurmddp.rundir.records import AttemptId, Interrupt
 from slurmddp.submit import submitter
 from slurmddp.submit.plan import SubmissionPlan
 

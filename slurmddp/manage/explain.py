@@ -1,5 +1,5 @@
 """Why a run failed, in a few lines: which rank, what it raised, the user's own line that raised
-it, and the log holding the whole traceback. Read from failure.json (job/crash.py writes it on
+it, and the log holding the whole traceback. Read from failure.json (job/process/crash.py writes it on
 the rank), one reason for every failed attempt."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from slurmddp.job.records import AttemptId, CodeSite, Failure
 from slurmddp.manage import logs, runs
+from slurmddp.rundir.records import AttemptId, CodeSite, Failure
 
 
 @dataclass(frozen=True)

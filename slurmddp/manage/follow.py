@@ -12,13 +12,13 @@ from rich.console import Console
 from submitit.core.utils import pickle_load
 
 from slurmddp.cluster.slurm import JobState
-from slurmddp.job.records import final_end, read_attempts
 from slurmddp.manage import numbers
 from slurmddp.manage.backend import for_executor
 from slurmddp.manage.runs import FINAL_STATES
 from slurmddp.manage.snapshot import RunWatch
 from slurmddp.manage.tail import Tail
 from slurmddp.manage.views import LiveView, PlainView
+from slurmddp.rundir.records import final_end, read_attempts
 from slurmddp.submit.submitter import Submission
 
 # The one end state that counts as success (sacct's spelling); every other end state fails `--wait`.

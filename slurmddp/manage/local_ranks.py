@@ -9,7 +9,7 @@ exits with LOCAL_REQUEUE_STATUS. A process counts as a rank of the run only when
 its parent is the run's controller (not a process that reuses an old job id: its command line
 names the run's LOGS), its command line names LOGS, and its environment the job id. A rank's
 forked DataLoader workers share its command line and environment but not its parent, and a script
-rank's child runs `slurmddp.job.scriptrun`: neither is taken for a rank.
+rank's child runs `slurmddp.job.script.scriptrun`: neither is taken for a rank.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from pathlib import Path
 
 CONTROLLER = b"submitit.local._local"
 TASK = b"submitit.core._submit"
-SCRIPT = b"slurmddp.job.scriptrun"
+SCRIPT = b"slurmddp.job.script.scriptrun"
 
 
 @dataclass(frozen=True)
@@ -31,7 +31,7 @@ class Task:
     catches: frozenset[int]
     """The signals the process has a handler for (its stop-signal flag once it is installed)."""
     script_catches: frozenset[int] | None = None
-    """A script rank's script (job/scriptrun.py, the rank's child): the signals it has a handler
+    """A script rank's script (job/script/scriptrun.py, the rank's child): the signals it has a handler
     for; None while it has not been started."""
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 
-from slurmddp.layout import PERF
+from slurmddp.rundir.layout import PERF
 
 NOT_KNOWN = "?"
 

@@ -8,10 +8,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from slurmddp.cluster.slurm import JobState
-from slurmddp.job.records import Progress, read_attempts
-from slurmddp.layout import RESULT
 from slurmddp.manage import numbers, runs
 from slurmddp.manage.snapshot import shown_metrics
+from slurmddp.rundir.layout import RESULT
+from slurmddp.rundir.records import Progress, read_attempts
 from slurmddp.submit.submitter import Submission
 
 COMMAND = "python -m slurmddp"

@@ -1,6 +1,6 @@
 """`slurmddp doctor --probe`: submit a small 2-node job through slurmddp's own submit path, send
 it the stop signal the way `slurmddp interrupt` does, and check that every rank saw it (the ranks
-run slurmddp.job.probe)."""
+run slurmddp.job.launch.probe)."""
 
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ from typing import Any, TextIO
 
 from slurmddp.cluster import slurm
 from slurmddp.experiment.load import Loaded, load_experiment
-from slurmddp.job import probe as rank_probe
-from slurmddp.layout import PROBE
+from slurmddp.job.launch import probe as rank_probe
 from slurmddp.manage import actions, index
+from slurmddp.rundir.layout import PROBE
 from slurmddp.submit import submitter
 from slurmddp.submit.prepare import plan_for
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 from slurmddp.errors import SlurmddpError
 from slurmddp.files import write_atomic
-from slurmddp.layout import RESULTS_CSV
 from slurmddp.manage import report, runs
+from slurmddp.rundir.layout import RESULTS_CSV
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,10 @@ from slurmddp.cluster.slurm import JobState
 from slurmddp.defaults import EndReason, RunExecutor, RunKind
 from slurmddp.errors import SlurmddpError
 from slurmddp.files import read_json_object
-from slurmddp.job.records import (
+from slurmddp.manage import accounting, index, numbers
+from slurmddp.manage.backend import Backend, for_manifest
+from slurmddp.rundir.layout import MANIFEST, METRICS, PERF, SWEEP
+from slurmddp.rundir.records import (
     AttemptEvent,
     AttemptId,
     Begin,
@@ -32,9 +35,6 @@ from slurmddp.job.records import (
     final_end,
     read_attempts,
 )
-from slurmddp.layout import MANIFEST, METRICS, PERF, SWEEP
-from slurmddp.manage import accounting, index, numbers
-from slurmddp.manage.backend import Backend, for_manifest
 
 RunState = Literal[JobState, "UNSUBMITTED"]
 """What `status` shows for a run: Slurm's state, or that it was never submitted."""

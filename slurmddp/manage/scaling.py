@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from slurmddp.errors import SlurmddpError
-from slurmddp.job.preflight import Link, slow_hosts
+from slurmddp.job.process.preflight import Link, slow_hosts
 from slurmddp.manage.numbers import rate
 
 EFFICIENCY_FLOOR = 0.90

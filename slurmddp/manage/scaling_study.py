@@ -18,10 +18,10 @@ from slurmddp.experiment.load import Loaded, SweepElement, load_experiment, over
 from slurmddp.experiment.schema import Experiment
 from slurmddp.experiment.study import Element, Study
 from slurmddp.files import write_atomic, write_json
-from slurmddp.layout import PREFLIGHT, RESULT, STUDY_CSV, STUDY_PNG, SWEEP, new_run_dir
 from slurmddp.manage import index, runs, scaling, scaling_report, sweep_runs
 from slurmddp.manage.amend import with_dependency
 from slurmddp.manage.backend import for_executor
+from slurmddp.rundir.layout import PREFLIGHT, RESULT, STUDY_CSV, STUDY_PNG, SWEEP, new_run_dir
 from slurmddp.submit import submitter
 from slurmddp.submit.prepare import plan_for, resolve_executor
 

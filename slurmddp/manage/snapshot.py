@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from slurmddp.cluster.slurm import JobState
-from slurmddp.job.records import AttemptId, LoopProgress, Progress, begins, read_attempts
-from slurmddp.layout import METRICS, PERF
 from slurmddp.manage.tail import Tail
+from slurmddp.rundir.layout import METRICS, PERF
+from slurmddp.rundir.records import AttemptId, LoopProgress, Progress, begins, read_attempts
 
 RATE_SMOOTHING = 0.3
 """Weight of the newest speed: rank 0 writes progress.json every ~2 s, so a few records' average

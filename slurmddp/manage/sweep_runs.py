@@ -11,9 +11,9 @@ from slurmddp.errors import EXIT_JOB_FAILED
 from slurmddp.experiment.load import Loaded, SweepElement
 from slurmddp.experiment.sweep import describe
 from slurmddp.files import write_json
-from slurmddp.layout import SWEEP
 from slurmddp.manage import index, report, runs
 from slurmddp.manage.follow import FINAL_OK, follow
+from slurmddp.rundir.layout import SWEEP
 from slurmddp.submit import submitter
 from slurmddp.submit.plan import SubmissionPlan
 from slurmddp.submit.prepare import plan_for

@@ -20,7 +20,7 @@ from slurmddp.experiment.entrypoint import check_function, check_module, check_s
 from slurmddp.experiment.load import Loaded
 from slurmddp.experiment.schema import Experiment
 from slurmddp.job.spec import RankSpec, RunSettings
-from slurmddp.layout import CHECKPOINTS, LOGS
+from slurmddp.rundir.layout import CHECKPOINTS, LOGS
 from slurmddp.submit.script import BOOT_MODULE, render_template, sbatch_script
 
 SRUN_ARGS = ("--kill-on-bad-exit=1", "--overlap")

@@ -14,7 +14,7 @@ from slurmddp.cluster import slurm
 from slurmddp.defaults import Executor, RunExecutor
 from slurmddp.errors import SubmitError
 from slurmddp.experiment.load import Loaded, SweepElement
-from slurmddp.layout import new_run_dir
+from slurmddp.rundir.layout import new_run_dir
 from slurmddp.submit.plan import SubmissionPlan, build
 
 

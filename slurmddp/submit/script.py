@@ -17,11 +17,11 @@ from slurmddp.defaults import (
     STOP_SIGNALS_ENV,
 )
 
-BOOT_MODULE = "slurmddp.job.boot"
+BOOT_MODULE = "slurmddp.job.launch.boot"
 """What each task runs first (`python -u -m BOOT_MODULE -u -m submitit.core._submit FOLDER`)."""
-ATTEMPTS_MODULE = "slurmddp.job.attempts"
+ATTEMPTS_MODULE = "slurmddp.job.allocation.attempts"
 """What the batch script runs before and after srun to record the attempt and requeue it."""
-STEPWATCH_MODULE = "slurmddp.job.stepwatch"
+STEPWATCH_MODULE = "slurmddp.job.allocation.stepwatch"
 """What the batch script runs beside srun to end a step whose node went silent."""
 
 

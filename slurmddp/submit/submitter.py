@@ -25,7 +25,7 @@ from slurmddp.experiment.load import Loaded, SweepElement
 from slurmddp.experiment.schema import Experiment
 from slurmddp.files import make_dirs, no_group_write, remove_dirs, write_atomic, write_json
 from slurmddp.job.rank import Rank
-from slurmddp.layout import CONFIG, MANIFEST, SWEEP
+from slurmddp.rundir.layout import CONFIG, MANIFEST, SWEEP
 from slurmddp.submit.plan import SubmissionPlan
 
 

@@ -29,7 +29,7 @@ from run_view import (
 )
 
 from slurmddp.cluster import hostlist
-from slurmddp.job.records import AttemptId, Stop
+from slurmddp.rundir.records import AttemptId, Stop
 
 RANKS = 4
 NODES = 2

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from slurmddp.job.checkpoint.integrity import STEP_DIR_RE, checkpoint_problems
-from slurmddp.job.records import Begin, End, final_end, read_attempts
+from slurmddp.rundir.records import Begin, End, final_end, read_attempts
 
 
 class FaultMissed(RuntimeError):

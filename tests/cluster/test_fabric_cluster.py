@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from conftest import QUICKSTART, mpi_library_error, only_run, slurmddp, wait_for_job
 
-from slurmddp.job import records
-from slurmddp.job.records import End
+from slurmddp.rundir import records
+from slurmddp.rundir.records import End
 
 pytestmark = [pytest.mark.slurm, pytest.mark.lab_generation("22.05")]
 DIST_TIMEOUT_S = 300

@@ -2,7 +2,7 @@
 accelerate script stopped twice at random steps (3 local gloo ranks, dropout on, gradient
 accumulation 2) ends on the uninterrupted plain script's parameters, bit for bit, with no optimizer
 step made twice or missed (DDP's first step after a resume sums in the rebuilt bucket layout the
-first attempt recorded: `ddp.resume_buckets`, job/ddp_buckets.py)."""
+first attempt recorded: `ddp.resume_buckets`, job/script/ddp_buckets.py)."""
 
 from __future__ import annotations
 

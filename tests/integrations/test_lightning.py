@@ -159,7 +159,7 @@ def test_a_sigterm_only_stop_of_a_script_without_the_line_ends_cleanly_and_soon(
     tmp_path: Path, reference: str
 ) -> None:
     """`integrations: auto` in the experiment: the script, without the callback, gets it from
-    slurmddp's import hook (job/autoload.py) once Lightning's Trainer module loads; and the stop
+    slurmddp's import hook (job/script/autoload.py) once Lightning's Trainer module loads; and the stop
     comes as SIGTERM alone, which Lightning handles itself otherwise."""
     proc = submit(tmp_path, "--no-callback", *SLOW, overrides=("integrations=auto",))
     took = stop_at(proc, tmp_path, [random.randrange(8, 40)], signal.SIGTERM)

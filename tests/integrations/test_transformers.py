@@ -26,7 +26,8 @@ from transformers import Trainer, TrainingArguments  # noqa: E402
 
 from slurmddp import StopForRequeue  # noqa: E402
 from slurmddp.integrations import transformers as hf  # noqa: E402
-from slurmddp.job import stop, trackers  # noqa: E402
+from slurmddp.job.process import stop  # noqa: E402
+from slurmddp.job.train import trackers  # noqa: E402
 
 # The harder case: without find_unused_parameters DDP rebuilds its buckets after the first backward,
 # and a resume is exact only because slurmddp builds the resumed DDP in the layout the first attempt
@@ -268,7 +269,7 @@ def test_a_stopped_and_resumed_trainer_logs_into_one_tensorboard_directory(
     tmp_path: Path, example: ModuleType, monkeypatch: pytest.MonkeyPatch, patched_trainer: None
 ) -> None:
     """transformers' TensorBoard callback opens output_dir/runs/<time>_<host> on every attempt
-    unless TENSORBOARD_LOGGING_DIR names one, which a script's rank sets (job/trackers.py)."""
+    unless TENSORBOARD_LOGGING_DIR names one, which a script's rank sets (job/train/trackers.py)."""
     run_dir = tmp_path / "run"
     for name, value in trackers.script_env(run_dir, {}).items():
         monkeypatch.setenv(name, value)
@@ -421,7 +422,7 @@ def test_an_incomplete_and_a_damaged_checkpoint_are_skipped_on_resume_of_a_scrip
     tmp_path: Path, reference: Reference
 ) -> None:
     """`integrations: auto` in the experiment: the script builds its Trainer without the callback
-    and gets it from slurmddp's import hook (job/autoload.py) when transformers.trainer loads."""
+    and gets it from slurmddp's import hook (job/script/autoload.py) when transformers.trainer loads."""
     planted: list[str] = []
 
     def plant(step: int) -> None:

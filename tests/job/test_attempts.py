@@ -12,8 +12,9 @@ import pytest
 from slurmddp.defaults import EXIT_FINISHED, EXIT_RESTART_IN_JOB, IN_JOB_RESTART_ENV
 from slurmddp.errors import ConfigError
 from slurmddp.experiment.schema import Requeue
-from slurmddp.job import attempts, records, requeue
-from slurmddp.job.records import (
+from slurmddp.job.allocation import attempts, requeue
+from slurmddp.rundir import records
+from slurmddp.rundir.records import (
     AttemptId,
     CodeSite,
     End,
@@ -470,7 +471,7 @@ def test_the_same_exception_is_retried_when_a_step_was_gained_between(tmp_path: 
 
 
 def test_a_script_that_exits_at_once_with_the_same_status_twice_stops(tmp_path: Path) -> None:
-    """argparse exits 2 before any step: each rank records the script's status (job/scriptrank.py)."""
+    """argparse exits 2 before any step: each rank records the script's status (job/script/scriptrank.py)."""
     path = run_dir(tmp_path)
     error = "python train.py --lr 0.1 exited with status 2"
     assert crashed(path, 0, 0, error=error, exit_status=2) == EXIT_RESTART_IN_JOB
@@ -626,7 +627,7 @@ SUSPECTED = "its 2 ranks died together while the other nodes' ran on"
 
 
 def node2_killed(path: Path, env: dict[str, str]) -> int:
-    """The end of attempt 0 after node2's two ranks died without a word (job/peerwatch.py)."""
+    """The end of attempt 0 after node2's two ranks died without a word (job/process/peerwatch.py)."""
     Progress(33, AttemptId("77", 0), time.time()).write(path)
     suspected = {"node2": SUSPECTED}
     Failure(None, 2, "rank 2 on node2, rank 3 on node2 ended without a word", AttemptId("77", 0), 1.0).write(

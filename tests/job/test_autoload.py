@@ -1,4 +1,4 @@
-"""`integrations: auto`'s import hook (job/autoload.py): a framework's integration patches its
+"""`integrations: auto`'s import hook (job/script/autoload.py): a framework's integration patches its
 Trainer once the Trainer's module has loaded, and only then."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from slurmddp.job import autoload
+from slurmddp.job.script import autoload
 
 
 @pytest.fixture

@@ -23,7 +23,7 @@ def test_stop_signals_are_caught_during_the_run_and_ignored_at_exit(tmp_path: Pa
         "for s in (signal.SIGUSR2, signal.SIGTERM)]))\n"
     )
     proc = subprocess.run(
-        [sys.executable, "-u", "-m", "slurmddp.job.boot", "-m", "work"],
+        [sys.executable, "-u", "-m", "slurmddp.job.launch.boot", "-m", "work"],
         cwd=tmp_path,
         env={**os.environ, "PYTHONPATH": str(tmp_path), STOP_SIGNALS_ENV: "USR2,TERM"},
         capture_output=True,
@@ -43,7 +43,7 @@ seen = []
 
 class Spy:
     def find_spec(self, name, path, target=None):
-        if name == "slurmddp.job.runtime":
+        if name == "slurmddp.job.launch.runtime":
             seen.append(signal.getsignal(signal.SIGUSR2))
         return None
 
@@ -67,7 +67,7 @@ def test_the_rank_takes_the_stop_signals_back_before_it_imports_the_runtime() ->
 def test_importing_the_runtime_leaves_torch_unloaded() -> None:
     # run_rank sets OMP_NUM_THREADS (and NCCL's variables) before it imports torch: a torch loaded
     # earlier keeps its default thread count (2 threads a rank were measured when it was).
-    code = "import sys, slurmddp.job.runtime; print('torch' in sys.modules)"
+    code = "import sys, slurmddp.job.launch.runtime; print('torch' in sys.modules)"
     proc = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False
     )

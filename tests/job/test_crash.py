@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from dist_envs import dist_env
 
-from slurmddp.job import crash
-from slurmddp.job.records import AttemptId, CodeSite, Failure
+from slurmddp.job.process import crash
+from slurmddp.rundir.records import AttemptId, CodeSite, Failure
 
 USER_CODE = """\
 import json
@@ -70,7 +70,7 @@ def test_the_record_keeps_the_error_text_and_adds_type_message_and_line(tmp_path
 
 
 # A node is blamed on its device's evidence, never on the words of an error: a host blamed is left
-# out of the run for good (job/requeue.py).
+# out of the run for good (job/allocation/requeue.py).
 
 NVML_ASSERT = RuntimeError(
     'NVML_SUCCESS == r INTERNAL ASSERT FAILED at "/pytorch/c10/cuda/CUDACachingAllocator.cpp":838, '

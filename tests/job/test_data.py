@@ -11,7 +11,7 @@ import torch
 from torch.utils.data import Dataset
 
 from slurmddp.errors import SlurmddpError
-from slurmddp.job.data import Feed, ShardedEvalSampler, make_loader, sample_seed, split
+from slurmddp.job.train.data import Feed, ShardedEvalSampler, make_loader, sample_seed, split
 
 
 class Noisy(Dataset[tuple[int, float, float]]):

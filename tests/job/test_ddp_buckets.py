@@ -1,5 +1,5 @@
 """A script's later attempt builds its DDP in the layout the first attempt's DDP rebuilt to
-(job/ddp_buckets.py): recorded once DDP rebuilt, replayed only onto the same shapes."""
+(job/script/ddp_buckets.py): recorded once DDP rebuilt, replayed only onto the same shapes."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import pytest
 torch = pytest.importorskip("torch")
 from torch import nn  # noqa: E402
 
-from slurmddp.job import ddp_buckets  # noqa: E402
+from slurmddp.job.script import ddp_buckets  # noqa: E402
 
 ORIGINAL_INIT = nn.parallel.DistributedDataParallel.__init__
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from slurmddp.errors import DistEnvError
-from slurmddp.job import distenv
+from slurmddp.job.process import distenv
 
 
 def slurm(procid: int, localid: int, nodeid: int, **extra: str) -> dict[str, str]:

@@ -259,7 +259,7 @@ def test_a_script_that_ended_and_then_died_in_python_shutdown_completed(
 ) -> None:
     """Before: the abort cost a requeue, and twice in a row after the last step would have ended a
     finished run as "crashed at step N twice in a row". Now the finished script's process leaves
-    before the interpreter's teardown (job/scriptrun.py), so the abort never happens."""
+    before the interpreter's teardown (job/script/scriptrun.py), so the abort never happens."""
     run = waited(
         slurm_env, tmp_path, DIES_IN_SHUTDOWN, "dies_in_shutdown.py", nodes=2, tasks=1, succeeds=True
     )
@@ -457,7 +457,7 @@ NVML_WORDS_AT_5 = linear_ddp_train(
 
 def test_an_error_that_names_nvml_leaves_no_node_out(slurm_env: dict[str, str], tmp_path: Path) -> None:
     """Before: node2 excluded for good after the first crash, then node3 too. A node is blamed on
-    its device's evidence only (job/crash.py); the same error twice stops the run."""
+    its device's evidence only (job/process/crash.py); the same error twice stops the run."""
     run = waited(slurm_env, tmp_path, NVML_WORDS_AT_5, "nvml_words.py:train", nodes=2, tasks=1)
     records = ends(run)
     assert [(r["reason"], r["step"], r["requeue"]) for r in records] == [

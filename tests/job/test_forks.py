@@ -1,4 +1,4 @@
-"""job/forks.py: a rank's forked children (loader workers) hold none of its listening sockets and
+"""job/process/forks.py: a rank's forked children (loader workers) hold none of its listening sockets and
 none of its peer-watch connections, so a rank's death is seen when the rank dies, not when its
 orphaned workers notice. Real forks, real sockets."""
 
@@ -14,14 +14,14 @@ from pathlib import Path
 
 import pytest
 
-from slurmddp.job import forks
+from slurmddp.job.process import forks
 
 LISTEN_THEN_FORK = textwrap.dedent(
     """
     import os, socket, sys, time
     import torch
     from torch.utils.data import DataLoader
-    from slurmddp.job import forks
+    from slurmddp.job.process import forks
 
     forks.install()
     server = socket.create_server(("127.0.0.1", 0))

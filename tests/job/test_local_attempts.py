@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 
 from slurmddp.defaults import LOCAL_REQUEUE_STATUS
-from slurmddp.job import attempts, records
-from slurmddp.job.records import CANCELLED, AttemptId, CodeSite, End, Failure, Interrupt, Resubmit, Stop
+from slurmddp.job.allocation import attempts
+from slurmddp.rundir import records
+from slurmddp.rundir.records import CANCELLED, AttemptId, CodeSite, End, Failure, Interrupt, Resubmit, Stop
 
 JOB = "4242"
 
@@ -84,7 +85,7 @@ def test_a_spent_budget_and_the_controllers_last_start_end_the_run(tmp_path: Pat
     spent = stopped(path, start(path), reason="timeout")
     assert spent is not None and (spent.requeue, spent.final) == (False, True)
     assert "timeout budget spent (1 requeues of 1 allowed)" in spent.message
-    # The next start the controller makes finds the run ended (job/runtime.py).
+    # The next start the controller makes finds the run ended (job/launch/runtime.py).
     assert records.final_end(records.read_attempts(path)) == spent
 
     other = run_dir(tmp_path / "other")

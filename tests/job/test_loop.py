@@ -16,14 +16,14 @@ from rich.filesize import decimal
 from slurmddp import ResumableDistributedSampler
 from slurmddp.errors import CheckpointError, SlurmddpError
 from slurmddp.experiment.schema import Checkpoint, Ddp, Precision, Requeue, Resources
-from slurmddp.job import requeue
+from slurmddp.job.allocation import requeue
 from slurmddp.job.checkpoint import CheckpointStore, capture_rng_state
 from slurmddp.job.checkpoint import io as checkpoint_io
 from slurmddp.job.checkpoint import store as checkpoint_store
 from slurmddp.job.checkpoint.io import file_crc32
 from slurmddp.job.checkpoint.space import bytes_on_disk
-from slurmddp.job.loop import LoopRuntime, LoopState, TrainLoop, _drop_metrics_from
-from slurmddp.job.records import AttemptId, Failure
+from slurmddp.job.train.loop import LoopRuntime, LoopState, TrainLoop, _drop_metrics_from
+from slurmddp.rundir.records import AttemptId, Failure
 
 # What the loop reads of a DistributedDataParallel module over two ranks.
 TWO_RANK_DDP = SimpleNamespace(

@@ -9,7 +9,7 @@ import torch
 import torch.distributed as tdist
 import torch.multiprocessing as mp
 
-from slurmddp.job.metrics import gather, reduce_mean, reduce_sum
+from slurmddp.job.train.metrics import gather, reduce_mean, reduce_sum
 
 WORLD = 3
 

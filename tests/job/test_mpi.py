@@ -14,7 +14,7 @@ from conftest import ROOT, mpi_library_error
 
 from slurmddp.errors import ConfigError, DistEnvError
 from slurmddp.experiment.load import load_experiment
-from slurmddp.job import mpi
+from slurmddp.job.process import mpi
 from slurmddp.submit.plan import slurm_parameters
 
 SLURM_2X2 = {

@@ -33,7 +33,7 @@ from lab_control import LabDaemons
 from quickstart_runs import result
 
 from slurmddp.cluster import hostlist
-from slurmddp.job.records import Failure
+from slurmddp.rundir.records import Failure
 
 pytestmark = [pytest.mark.slurm, pytest.mark.lab_generation("22.05")]
 
@@ -251,7 +251,7 @@ def test_strangers_on_every_port_change_nothing_and_a_killed_rank_ends_its_step_
     knew, ended = failure.time - killed, ends(run)[0]["time"] - killed
     print(f"kill -> rank 0 knew {knew:.2f} s, -> the attempt's end {ended:.2f} s")
     assert failure.rank == 3 and "ended without a word" in failure.error
-    # Without job/forks.py the killed rank's loader workers held its watch connection up to 5 s.
+    # Without job/process/forks.py the killed rank's loader workers held its watch connection up to 5 s.
     assert knew < 3.0
     assert ended < 10.0
     assert wait_for_job(job, slurm_env, timeout=300) == "COMPLETED"

@@ -1,4 +1,4 @@
-"""job/peerwatch.py: a rank that dies without a word ends every other rank of its step within
+"""job/process/peerwatch.py: a rank that dies without a word ends every other rank of its step within
 milliseconds; a rank that ends in order does not. Real sockets and a real TCPStore; the ranks
 that die are real processes, SIGKILLed."""
 
@@ -23,9 +23,10 @@ from conftest import only_run, slurmddp
 from dist_envs import dist_env
 from torch._C._distributed_c10d import TCPStore
 
-from slurmddp.job import liveness, peerwatch, watchkey
-from slurmddp.job.distenv import DistEnv
-from slurmddp.job.records import AttemptId, Failure, Unwatched
+from slurmddp.job.process import liveness, peerwatch
+from slurmddp.job.process.distenv import DistEnv
+from slurmddp.rundir import watchkey
+from slurmddp.rundir.records import AttemptId, Failure, Unwatched
 
 HOSTS = ["node1", "node1", "node2", "node2"]
 WAIT_S = 10.0
@@ -36,8 +37,9 @@ import sys, time
 from datetime import timedelta
 from pathlib import Path
 from torch.distributed import TCPStore
-from slurmddp.job import peerwatch, watchkey
-from slurmddp.job.distenv import DistEnv
+from slurmddp.job.process import peerwatch
+from slurmddp.rundir import watchkey
+from slurmddp.job.process.distenv import DistEnv
 
 rank, port, run_dir, hosts = int(sys.argv[1]), int(sys.argv[2]), Path(sys.argv[3]), sys.argv[4:]
 world = len(hosts)
@@ -295,8 +297,9 @@ def test_a_rank_blocked_outside_python_is_ended_when_its_peer_dies(tmp_path: Pat
         from datetime import timedelta
         from pathlib import Path
         from torch.distributed import TCPStore
-        from slurmddp.job import peerwatch, watchkey
-        from slurmddp.job.distenv import DistEnv
+        from slurmddp.job.process import peerwatch
+        from slurmddp.rundir import watchkey
+        from slurmddp.job.process.distenv import DistEnv
 
         port, run_dir = int(sys.argv[1]), Path(sys.argv[2])
         store = TCPStore("127.0.0.1", port, 2, True, timedelta(seconds=30), wait_for_workers=False)

@@ -14,9 +14,10 @@ from conftest import ROOT
 from slurmddp.errors import ConfigError
 from slurmddp.experiment.load import load_experiment
 from slurmddp.experiment.schema import Preflight
-from slurmddp.job import preflight, requeue
-from slurmddp.job.preflight import Link, RankReport
-from slurmddp.job.records import AttemptId, Failure
+from slurmddp.job.allocation import requeue
+from slurmddp.job.process import preflight
+from slurmddp.job.process.preflight import Link, RankReport
+from slurmddp.rundir.records import AttemptId, Failure
 
 MB4 = 4 * 2**20
 

@@ -6,8 +6,8 @@ import json
 import subprocess
 from pathlib import Path
 
-from slurmddp.job import provenance
-from slurmddp.layout import PROVENANCE
+from slurmddp.job.launch import provenance
+from slurmddp.rundir.layout import PROVENANCE
 
 
 def test_provenance_records_the_commit_and_the_dirty_diff(tmp_path: Path) -> None:

@@ -24,7 +24,7 @@ from resume_train import STOP_AT_ENV
 
 from slurmddp.defaults import LOCAL_REQUEUE_STATUS
 from slurmddp.experiment.schema import Requeue, Resources
-from slurmddp.job import requeue
+from slurmddp.job.allocation import requeue
 from slurmddp.job.checkpoint.space import bytes_on_disk
 
 HERE = Path(__file__).resolve().parent
@@ -43,7 +43,7 @@ import json, os, sys
 from pathlib import Path
 from slurmddp.experiment.load import load_experiment
 from slurmddp.experiment.schema import Dist, Preflight
-from slurmddp.job.runtime import run_rank
+from slurmddp.job.launch.runtime import run_rank
 from slurmddp.job.spec import RankSpec, RunSettings
 
 run_dir = Path(sys.argv[1])

@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from slurmddp.job import records
-from slurmddp.job.records import (
+from slurmddp.rundir import records
+from slurmddp.rundir.records import (
     AttemptId,
     Begin,
     CodeSite,

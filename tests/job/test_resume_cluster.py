@@ -17,7 +17,7 @@ import pytest
 from conftest import ROOT, SYNTHETIC, parent_pid, rank_pids, slurmddp, wait_for_job, wait_until
 
 from slurmddp.cluster import hostlist
-from slurmddp.job.records import Failure
+from slurmddp.rundir.records import Failure
 
 STEPS = 1000
 COMMON = [f"train.steps={STEPS}", "train.log_every=100"]
@@ -153,7 +153,7 @@ def test_time_limit_requeues_and_resumes_bit_exact(
     # allocation began) ended with srun's status 140, 128 + SIGUSR2: the time-limit signal itself
     # ended the step before any rank recorded the stop, and it counted as a failure. The run went
     # on from its last save; such ends are shown, not hidden, and no other kind is allowed.
-    # Such an end is a timeout too (job/requeue.py), but one that saved nothing: the next attempt
+    # Such an end is a timeout too (job/allocation/requeue.py), but one that saved nothing: the next attempt
     # resumes from the newest save before it.
     signal_ended = [r for r in ends(run) if r.get("status") == 128 + signal.SIGUSR2]
     if signal_ended:
@@ -200,7 +200,7 @@ def test_a_killed_rank_restarts_inside_the_allocation_then_through_the_queue(
         assert "restart 1 of 1 in this allocation" in restarted["message"], restarted
     assert not third.get("in_job") and "requeue 1 (budget 3)" in third["message"], third
     assert last["reason"] == "completed"
-    # Rank 0 heard of each death at once and said whose it was (job/peerwatch.py).
+    # Rank 0 heard of each death at once and said whose it was (job/process/peerwatch.py).
     failures = Failure.read_all(run)
     assert [(f.rank, "ended without a word" in f.error) for f in failures[:2]] == [(3, True)] * 2, failures
     began = [(r["restart_count"], r.get("in_job_restart", 0)) for r in attempts(run) if r["event"] == "begin"]

@@ -9,7 +9,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from slurmddp.errors import SamplerStateError
-from slurmddp.job.sampler import ResumableDistributedSampler
+from slurmddp.job.train.sampler import ResumableDistributedSampler
 
 
 class Indices(Dataset[int]):

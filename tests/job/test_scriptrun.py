@@ -12,7 +12,7 @@ from pathlib import Path
 
 from conftest import DIE_IN_SHUTDOWN, only_run, slurmddp
 
-from slurmddp.job.scriptrun import STEP_FILE_ENV, read_finished, read_steps
+from slurmddp.job.script.scriptrun import STEP_FILE_ENV, read_finished, read_steps
 
 # Five optimizer steps, one skipped by a GradScaler that found an inf (no step is made then), and
 # what `python script.py` / `python -m` would show it.
@@ -58,7 +58,7 @@ ENDING = (
     """
 import atexit, os, signal, sys, types
 from pathlib import Path
-from slurmddp.job.scriptrun import read_finished
+from slurmddp.job.script.scriptrun import read_finished
 """
     + DIE_IN_SHUTDOWN
     + """
@@ -85,7 +85,7 @@ def wrap(tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess[str], 
     steps = tmp_path / "steps"
     steps.write_bytes(b"")
     proc = subprocess.run(
-        [sys.executable, "-m", "slurmddp.job.scriptrun", *args],
+        [sys.executable, "-m", "slurmddp.job.script.scriptrun", *args],
         cwd=tmp_path,
         env={**os.environ, STEP_FILE_ENV: str(steps)},
         capture_output=True,

@@ -1,4 +1,4 @@
-"""job/stepwatch.py: the batch script's watch ends srun once the attempt's failure names a bad host
+"""job/allocation/stepwatch.py: the batch script's watch ends srun once the attempt's failure names a bad host
 (a node srun would wait for until Slurm calls it down), and leaves an srun that ends by itself
 alone. A real process stands for srun."""
 
@@ -9,8 +9,8 @@ import threading
 import time
 from pathlib import Path
 
-from slurmddp.job import stepwatch
-from slurmddp.job.records import AttemptId, Failure
+from slurmddp.job.allocation import stepwatch
+from slurmddp.rundir.records import AttemptId, Failure
 
 ME = AttemptId("7", 0, 1)
 

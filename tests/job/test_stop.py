@@ -1,4 +1,4 @@
-"""The stop a script's ranks agree on (job/stop.py): every rank answers True first at the same
+"""The stop a script's ranks agree on (job/process/stop.py): every rank answers True first at the same
 boundary, whichever rank heard the signal and however the ranks interleave within the lockstep
 that a collective per step imposes."""
 
@@ -10,8 +10,8 @@ from datetime import timedelta
 
 import pytest
 
-from slurmddp.job import stop
-from slurmddp.job.stop import Agreement
+from slurmddp.job.process import stop
+from slurmddp.job.process.stop import Agreement
 
 
 @pytest.fixture

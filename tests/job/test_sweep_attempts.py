@@ -6,8 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from slurmddp.defaults import EXIT_FINISHED
-from slurmddp.job import attempts, records
-from slurmddp.job.records import CANCELLED, AttemptId, End, Failure, Resubmit, Stop
+from slurmddp.job.allocation import attempts
+from slurmddp.rundir import records
+from slurmddp.rundir.records import CANCELLED, AttemptId, End, Failure, Resubmit, Stop
 
 ENV = {
     "SLURM_JOB_ID": "91",

@@ -1,4 +1,4 @@
-"""Telemetry (slurmddp/job/telemetry.py): the interval arithmetic, the transport guessed from the
+"""Telemetry (slurmddp/job/train/telemetry.py): the interval arithmetic, the transport guessed from the
 environment, the timed communication hook on three gloo ranks (the same bits as DDP's own path),
 and the summary and records a real local run writes."""
 
@@ -19,8 +19,8 @@ import torch.multiprocessing as mp
 from conftest import SYNTHETIC, only_run
 from torch import nn
 
-from slurmddp.job.mpi import free_port
-from slurmddp.job.telemetry import CommTimer, attach, busy_time, exposed_time, transport
+from slurmddp.job.process.mpi import free_port
+from slurmddp.job.train.telemetry import CommTimer, attach, busy_time, exposed_time, transport
 
 RANKS = 3
 """Three ranks: a float's place in the sum then decides its bits, so a hook that rounded the

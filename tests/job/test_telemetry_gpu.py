@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from slurmddp.experiment import schema
-from slurmddp.job.mpi import free_port
-from slurmddp.job.telemetry import CommTimer, Telemetry, attach
+from slurmddp.job.process.mpi import free_port
+from slurmddp.job.train.telemetry import CommTimer, Telemetry, attach
 
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")

@@ -19,7 +19,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from slurmddp.errors import ConfigError, SlurmddpError
 from slurmddp.experiment import schema
-from slurmddp.job.trackers import MLFLOW_RUN_ID, WANDB_RUN_ID, Trackers, script_env
+from slurmddp.job.train.trackers import MLFLOW_RUN_ID, WANDB_RUN_ID, Trackers, script_env
 
 CONFIG = {"name": "demo", "train": {"lr": 0.1, "layers": [64, 64]}, "resources": {"nodes": 2}}
 

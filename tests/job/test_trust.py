@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from slurmddp.errors import UntrustedPickle
-from slurmddp.job import trust
+from slurmddp.job.launch import trust
 
 ME = f"uid {os.geteuid()} ({pwd.getpwuid(os.geteuid()).pw_name})"
 OTHER_UID = 54321
@@ -145,7 +145,16 @@ def test_a_pickle_that_never_appears_is_refused_after_the_wait(tmp_path: Path) -
 def boot(folder: Path) -> subprocess.CompletedProcess[str]:
     """A task's start as submitit's local executor makes it, on `folder`."""
     return subprocess.run(
-        [sys.executable, "-u", "-m", "slurmddp.job.boot", "-u", "-m", trust.SUBMITIT_RUNNER, str(folder)],
+        [
+            sys.executable,
+            "-u",
+            "-m",
+            "slurmddp.job.launch.boot",
+            "-u",
+            "-m",
+            trust.SUBMITIT_RUNNER,
+            str(folder),
+        ],
         env={**os.environ, **ENV},
         capture_output=True,
         text=True,

@@ -20,8 +20,8 @@ from train_sources import linear_ddp_train
 
 from slurmddp.errors import ConfigError
 from slurmddp.experiment.schema import Dist
-from slurmddp.job import distenv, rendezvous, startwatch, watchdog
-from slurmddp.job.distenv import DistEnv
+from slurmddp.job.process import distenv, rendezvous, startwatch, watchdog
+from slurmddp.job.process.distenv import DistEnv
 
 HOSTS = ["node1", "node1", "node2", "node2"]
 
@@ -325,7 +325,8 @@ def test_rank_0_names_a_rank_that_never_came_and_one_in_its_stead_when_rank_0_di
     assert failure["cause"].startswith(
         "start-up hang: rank 1 on node2 never reached the rendezvous (no report"
     )
-    # A suspect, not a bad host: the rank may be the code's (job/requeue.py keeps it without a spare).
+    # A suspect, not a bad host: the rank may be the code's (allocation/requeue.py keeps it without a
+    # spare).
     assert list(failure["suspect_hosts"]) == ["node2"] and "bad_hosts" not in failure
     # Rank 1's side when rank 0 never came up (a spare that is itself broken): it records the verdict.
     dog, exits, fired = fired_dog(tmp_path / "one", dist_env(rank=1, **ranks))

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from dist_envs import dist_env
 
-from slurmddp.job import rendezvous, watchdog
+from slurmddp.job.process import rendezvous, watchdog
 
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")

@@ -16,9 +16,9 @@ import pytest
 from slurmddp.cli.main import main
 from slurmddp.cluster.slurm import ACCOUNTING_FIELDS, Allocation, JobState, parse_sacct_time
 from slurmddp.defaults import EndReason
-from slurmddp.job.records import AttemptEvent, AttemptId, Begin, End, Resubmit, append_attempt
 from slurmddp.manage import accounting, runs
 from slurmddp.manage.accounting import Usage
+from slurmddp.rundir.records import AttemptEvent, AttemptId, Begin, End, Resubmit, append_attempt
 
 
 def at(clock: str) -> float:

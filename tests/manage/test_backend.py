@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from slurmddp.cluster import slurm
-from slurmddp.layout import FAILURE, RESULT
 from slurmddp.manage import runs
 from slurmddp.manage.backend import LOCAL, SLURM, for_manifest
+from slurmddp.rundir.layout import FAILURE, RESULT
 
 
 @pytest.mark.parametrize(

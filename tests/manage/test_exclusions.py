@@ -15,9 +15,9 @@ from conftest import ROOT
 from slurmddp import yamlio
 from slurmddp.errors import SubmitError
 from slurmddp.experiment.load import Loaded, load_experiment
-from slurmddp.job import records
-from slurmddp.job.records import AttemptId, Begin, Exclusions, Failure
 from slurmddp.manage import actions, report, runs
+from slurmddp.rundir import records
+from slurmddp.rundir.records import AttemptId, Begin, Exclusions, Failure
 from slurmddp.submit import submitter
 
 EXPERIMENT = ROOT / "templates" / "experiment.yaml"

@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from slurmddp.job.records import AttemptId, CodeSite, Failure
 from slurmddp.manage import explain, report, runs
+from slurmddp.rundir.records import AttemptId, CodeSite, Failure
 
 JOB = "999999999"
 """A local job's id is its process id: this one is no process, so the run reads as ended."""

@@ -19,11 +19,11 @@ from typing import cast
 
 import pytest
 
-from slurmddp.job import records
-from slurmddp.job.records import AttemptId, Begin, LoopProgress, Progress
 from slurmddp.manage import ctrl_c, views
 from slurmddp.manage.follow import TracebackFold, follow
 from slurmddp.manage.snapshot import LatestMetrics, RunWatch, StepRate
+from slurmddp.rundir import records
+from slurmddp.rundir.records import AttemptId, Begin, LoopProgress, Progress
 from slurmddp.submit.submitter import Submission
 
 

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 
 from slurmddp.errors import EXIT_USER_ERROR, SlurmddpError
-from slurmddp.job import records
-from slurmddp.job.records import AttemptId, Begin, End
 from slurmddp.manage import actions, backend, local_ranks, report, runs
 from slurmddp.manage.local_ranks import Task
+from slurmddp.rundir import records
+from slurmddp.rundir.records import AttemptId, Begin, End
 
 USR2, TERM = int(signal.SIGUSR2), int(signal.SIGTERM)
 JOB = "4242"
@@ -34,7 +34,7 @@ def fake_process(
 def test_the_ranks_are_the_controllers_tasks_and_nothing_else(tmp_path: Path) -> None:
     proc, logs, other = tmp_path / "proc", tmp_path / "run" / "logs", tmp_path / "other" / "logs"
     controller = ["python", "-m", "submitit.local._local", str(logs)]
-    task = ["python", "-u", "-m", "slurmddp.job.boot", "-u", "-m", "submitit.core._submit", str(logs)]
+    task = ["python", "-u", "-m", "slurmddp.job.launch.boot", "-u", "-m", "submitit.core._submit", str(logs)]
     env = {"SUBMITIT_LOCAL_JOB_ID": "100", "SUBMITIT_EXECUTOR": "local"}
     fake_process(proc, 100, 1, controller, {"SUBMITIT_LOCAL_NTASKS": "2"})
     fake_process(proc, 101, 100, task, {**env, "SUBMITIT_LOCAL_GLOBALID": "0"}, caught=1 << (USR2 - 1))
@@ -42,7 +42,9 @@ def test_the_ranks_are_the_controllers_tasks_and_nothing_else(tmp_path: Path) ->
     # A DataLoader worker forked from rank 0: the same command line and environment.
     fake_process(proc, 103, 101, task, {**env, "SUBMITIT_LOCAL_GLOBALID": "0"})
     # Rank 0's script, with its stop-signal handler.
-    fake_process(proc, 104, 101, ["python", "-m", "slurmddp.job.scriptrun", "train.py"], env, 1 << (TERM - 1))
+    fake_process(
+        proc, 104, 101, ["python", "-m", "slurmddp.job.script.scriptrun", "train.py"], env, 1 << (TERM - 1)
+    )
     # Another run's controller and task; a task of this controller for another folder.
     fake_process(proc, 200, 1, ["python", "-m", "submitit.local._local", str(other)], {})
     fake_process(proc, 201, 200, [*task[:-1], str(other)], {**env, "SUBMITIT_LOCAL_JOB_ID": "200"})

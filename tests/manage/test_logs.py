@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from slurmddp.cluster import slurm
-from slurmddp.job.records import CANCELLED, End, append_attempt
 from slurmddp.manage import logs, runs
+from slurmddp.rundir.records import CANCELLED, End, append_attempt
 
 
 def cancelled_run(tmp_path: Path) -> runs.Target:

@@ -10,8 +10,8 @@ import pytest
 
 from slurmddp.cluster import slurm
 from slurmddp.errors import SlurmddpError
-from slurmddp.job.records import AttemptEvent, AttemptId, Begin, End, append_attempt
 from slurmddp.manage import index, report, runs
+from slurmddp.rundir.records import AttemptEvent, AttemptId, Begin, End, append_attempt
 
 
 def test_status_rows_read_the_run_directories(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

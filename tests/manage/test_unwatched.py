@@ -1,4 +1,4 @@
-"""A rank whose peer watch could not start or stopped (job/peerwatch.py records it): `status` says
+"""A rank whose peer watch could not start or stopped (job/process/peerwatch.py records it): `status` says
 so for the latest attempt, and what that costs."""
 
 from __future__ import annotations
@@ -6,9 +6,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from slurmddp.job import records
-from slurmddp.job.records import AttemptId, Begin, Unwatched
 from slurmddp.manage import report, runs
+from slurmddp.rundir import records
+from slurmddp.rundir.records import AttemptId, Begin, Unwatched
 
 JOB = "999999999"
 """A local job's id is its process id: this one is no process, so the run reads as ended."""

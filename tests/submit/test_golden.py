@@ -54,7 +54,7 @@ def test_batch_script_is_byte_for_byte_the_golden_one(
 def test_the_sweep_script_is_one_array_limited_to_max_parallel() -> None:
     script = (GOLDEN / "sweep.sh").read_text()
     assert "#SBATCH --array=0-5%2" in script
-    assert "-m slurmddp.job.attempts begin RUN_DIR --submission 0" in script
+    assert "-m slurmddp.job.allocation.attempts begin RUN_DIR --submission 0" in script
 
 
 def test_from_23_11_srun_takes_the_cpus_per_task_itself(

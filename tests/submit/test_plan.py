@@ -17,9 +17,9 @@ from slurmddp.cli.dryrun import rank_env
 from slurmddp.defaults import RunExecutor
 from slurmddp.experiment.load import load_experiment
 from slurmddp.experiment.schema import Telemetry, Trackers
-from slurmddp.layout import new_run_dir
 from slurmddp.manage.actions import last_save_seconds
 from slurmddp.manage.signal_lead import short_lead_warning
+from slurmddp.rundir.layout import new_run_dir
 from slurmddp.submit.plan import SubmissionPlan, build
 
 HOSTILE = "$(touch {pwn}) `touch {pwn}` 'q' \"dq\" ;touch {pwn}; a b"

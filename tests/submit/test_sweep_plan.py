@@ -13,7 +13,7 @@ from conftest import ROOT, write_sweep
 from slurmddp.cli.main import main
 from slurmddp.errors import ConfigError, SubmitError
 from slurmddp.experiment.load import expand, load_experiment
-from slurmddp.job import records
+from slurmddp.rundir import records
 from slurmddp.submit import submitter
 from slurmddp.submit.plan import SubmissionPlan
 from slurmddp.submit.prepare import plan_for
@@ -55,8 +55,8 @@ def test_the_array_script_limits_parallelism_and_finds_its_element(tmp_path: Pat
     )
     script = plan.batch_script()
     assert "#SBATCH --array=0-5%2" in script
-    assert f"-m slurmddp.job.attempts begin {tmp_path} --submission 0" in script
-    assert f'-m slurmddp.job.attempts end {tmp_path} "$slurmddp_status" --submission 0' in script
+    assert f"-m slurmddp.job.allocation.attempts begin {tmp_path} --submission 0" in script
+    assert f'-m slurmddp.job.allocation.attempts end {tmp_path} "$slurmddp_status" --submission 0' in script
     subprocess.run(["bash", "-n"], input=script, text=True, check=True)
     assert [spec.run_dir for spec in plan.array] == [str(tmp_path / e.dir_name) for e in elements]
     assert [spec.config["train"]["lr"] for spec in plan.array] == [0.01, 0.01, 0.05, 0.05, 0.2, 0.2]

@@ -21,7 +21,7 @@ add up to a "complete" checkpoint.
 
 A checkpoint that latest() chose but a rank then finds damaged at load (a CRC32 that does not match
 its marker, a file torch cannot read) is moved by rank 0 into ROOT/damaged/step-00001234/, with a
-reason.txt naming the rank and the problem (move_aside), and the training loop (job/loop.py), after
+reason.txt naming the rank and the problem (move_aside), and the training loop (job/train/loop.py), after
 every rank has said what it found, loads the next older one. Nothing under damaged/ is read or
 deleted by the store: latest() and prune() look only at ROOT/step-* directories.
 

@@ -37,7 +37,7 @@ from slurmddp.job.checkpoint.integrity import (
 from slurmddp.job.checkpoint.io import write_stream_atomic
 from slurmddp.job.checkpoint.snapshot import PendingSave, Snapshot, prepare
 from slurmddp.job.checkpoint.space import NoSpaceForCheckpoint, bytes_on_disk, free_bytes, no_space
-from slurmddp.job.distenv import in_job_restart
+from slurmddp.rundir.records import in_job_restart
 
 if TYPE_CHECKING:
     import torch

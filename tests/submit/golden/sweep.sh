@@ -24,7 +24,7 @@ export SRUN_CPUS_PER_TASK="$SLURM_CPUS_PER_TASK"
 # preempt_send_user_signal); surviving it lets the attempt record below run after srun returns.
 trap 'echo "slurmddp: batch script got SIGTERM" >&2' TERM
 export SLURMDDP_IN_JOB_RESTART=0
-slurmddp_place=$(PYTHON -m slurmddp.job.attempts begin RUN_DIR --submission 0)
+slurmddp_place=$(PYTHON -m slurmddp.job.allocation.attempts begin RUN_DIR --submission 0)
 slurmddp_begin=$?
 # 3: the run already ended for good (completed or out of budget); anything else non-zero: broken.
 if [ "$slurmddp_begin" -eq 3 ]; then exit 0; elif [ "$slurmddp_begin" -ne 0 ]; then exit "$slurmddp_begin"; fi
@@ -36,7 +36,7 @@ export SLURMDDP_SLURMD_PORT="$(scontrol show config 2>/dev/null | sed -n 's/^Slu
 srun() {
   command srun "$@" &
   slurmddp_srun=$!
-  PYTHON -m slurmddp.job.stepwatch RUN_DIR "$slurmddp_srun" --submission 0 &
+  PYTHON -m slurmddp.job.allocation.stepwatch RUN_DIR "$slurmddp_srun" --submission 0 &
   slurmddp_stepwatch=$!
   # A trapped signal (the TERM above) interrupts wait: wait again until srun itself has ended.
   while wait "$slurmddp_srun"; kill -0 "$slurmddp_srun" 2>/dev/null; do :; done
@@ -49,18 +49,18 @@ while :; do
 
 # command
 export SUBMITIT_EXECUTOR=slurm
-srun --unbuffered --output RUN_DIR/logs/%A_%a_%t_log.out --error RUN_DIR/logs/%A_%a_%t_log.err --kill-on-bad-exit=1 --overlap PYTHON -u -m slurmddp.job.boot -u -m submitit.core._submit RUN_DIR/logs
+srun --unbuffered --output RUN_DIR/logs/%A_%a_%t_log.out --error RUN_DIR/logs/%A_%a_%t_log.err --kill-on-bad-exit=1 --overlap PYTHON -u -m slurmddp.job.launch.boot -u -m submitit.core._submit RUN_DIR/logs
 
 
 # teardown
 # slurmddp: record how the attempt ended; requeue it (preemption, time limit, failure in budget)
 slurmddp_status=$?
-PYTHON -m slurmddp.job.attempts end RUN_DIR "$slurmddp_status" --submission 0
+PYTHON -m slurmddp.job.allocation.attempts end RUN_DIR "$slurmddp_status" --submission 0
 slurmddp_end=$?
 # 4: restart inside this allocation; anything else: how the batch script ends.
 if [ "$slurmddp_end" -ne 4 ]; then exit "$slurmddp_end"; fi
 export SLURMDDP_IN_JOB_RESTART=$((SLURMDDP_IN_JOB_RESTART + 1))
-slurmddp_place=$(PYTHON -m slurmddp.job.attempts begin RUN_DIR --submission 0)
+slurmddp_place=$(PYTHON -m slurmddp.job.allocation.attempts begin RUN_DIR --submission 0)
 slurmddp_begin=$?
 # 3: the run already ended for good (completed or out of budget); anything else non-zero: broken.
 if [ "$slurmddp_begin" -eq 3 ]; then exit 0; elif [ "$slurmddp_begin" -ne 0 ]; then exit "$slurmddp_begin"; fi

@@ -1,0 +1,311 @@
+"""The batch script's side of requeueing: record every attempt, decide whether to requeue, requeue.
+
+    python -m slurmddp.job.allocation.attempts begin RUN_DIR           (before srun)
+    python -m slurmddp.job.allocation.attempts end RUN_DIR STATUS      (after srun, with srun's exit status)
+
+`end` exits EXIT_RESTART_IN_JOB where a failed attempt goes around again inside the allocation
+(requeue.in_job_restarts): the batch script runs `begin` and srun again, a new step, counting the
+restarts in IN_JOB_RESTART_ENV.
+
+A local run has no batch script: its rank 0 records each attempt itself (`begin_local`,
+`end_local`), and submitit's local controller starts the ranks again when one exits with
+LOCAL_REQUEUE_STATUS.
+
+The batch script's side runs on the job's first node and outside any container the ranks may run
+in, so `squeue`/`scontrol` are at hand even when the ranks' image lacks them. The history lives in
+RUN_DIR/attempts.jsonl (rundir/records.py), not in a pickle: sacct shows only a job's last
+allocation, and this log is what `status` and the budgets read. The policy is job/allocation/requeue.py.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import socket
+import sys
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+from slurmddp.cluster import hostlist, slurm
+from slurmddp.defaults import EXIT_FINISHED, EXIT_RESTART_IN_JOB, LOCAL_REQUEUE_STATUS, RequeueReason
+from slurmddp.files import write_atomic
+from slurmddp.job.allocation.requeue import (
+    Decision,
+    FailedNodes,
+    PartitionNodes,
+    PreemptTime,
+    Settings,
+    TimeLeft,
+    decide,
+    leave_out_failed_nodes,
+    progress_step,
+    requeue_target,
+    signature,
+    step_hosts,
+)
+from slurmddp.rundir import records, watchkey
+from slurmddp.rundir.layout import STEP_HOSTS
+from slurmddp.rundir.records import CANCELLED, AttemptId, Begin, End, Exclusions, Failure, Interrupt, Stop
+
+
+def begin(
+    run_dir: Path,
+    env: Mapping[str, str],
+    now: float,
+    failed_nodes: FailedNodes = slurm.failed_nodes,
+    partition_nodes: PartitionNodes = slurm.partition_nodes,
+) -> int:
+    """Record the start of an attempt (and the silent end of a previous one that was killed), and
+    leave out the nodes that went down under the previous attempt (Slurm's NODE_FAIL)."""
+    events = records.read_attempts(run_dir)
+    final = records.final_end(events)
+    if final is not None:
+        print(f"slurmddp: this run already ended ({final.message}); not starting again", file=sys.stderr)
+        return EXIT_FINISHED
+    started = len(records.begins(events))
+    era = records.current(events)
+    if len(records.begins(era)) > len(records.ends(era)):
+        # The previous attempt's batch script was killed before it could say how it ended
+        # (e.g. preempted past GraceTime): Slurm requeued it by itself.
+        killed = End(
+            "killed",
+            progress_step(run_dir),
+            now,
+            requeue=True,
+            final=False,
+            message="the batch script was killed before the attempt ended",
+            attempt=started - 1,
+        )
+        records.append_attempt(run_dir, killed)
+    leave_out_failed_nodes(run_dir, env, now, failed_nodes, partition_nodes)
+    me = AttemptId.from_env(env)
+    settings = Settings.of_run(run_dir)
+    nodes = env.get("SLURM_JOB_NODELIST", "")
+    excluded = Exclusions.read(run_dir)
+    # The step runs without this allocation's suspects too; the queue is asked to leave out only
+    # the hosts left out for good.
+    bad = set(excluded.applying_to(me)) | settings.user_excluded()
+    lasting = set(excluded.hosts) | settings.user_excluded()
+    if settings.resources.spare_nodes:
+        hosts = step_hosts(env, settings, bad)
+        if hosts is None:
+            return _requeue_without(
+                lasting, env, f"too few good nodes left in allocation {nodes} to train on"
+            )
+        nodes = ",".join(hosts)
+        # The batch script evaluates this: srun then starts the step on these hosts only.
+        print(place_step(run_dir, me, hosts, settings.resources.ranks_per_node))
+    elif me.in_job_restart and bad & set(hostlist.expand(nodes)):
+        # A node went down after the last attempt's end looked (Slurm's view lags a moment): a
+        # new step here would start on it.
+        return _requeue_without(
+            lasting, env, f"{', '.join(sorted(bad & set(hostlist.expand(nodes))))} went down"
+        )
+    records.append_attempt(run_dir, Begin(started, now, socket.gethostname(), nodes, me))
+    # Before any rank looks for it: on a shared file system a node that asked for the name before
+    # it existed may be told it is missing for a while (NFS caches the answer).
+    watchkey.run_key(run_dir)
+    return 0
+
+
+def _requeue_without(bad: set[str], env: Mapping[str, str], why: str) -> int:
+    """No step can start in this allocation: back to the queue, leaving out the `bad` nodes (none:
+    the job's excluded nodes stay as they are). The batch script's status: EXIT_FINISHED (it
+    exits, and the requeued job starts it again)."""
+    target = requeue_target(env)
+    without = f" without {', '.join(sorted(bad))}" if bad else ""
+    print(f"slurmddp: {why}; requeueing {target}{without}", file=sys.stderr)
+    refused = slurm.requeue_excluding(target, sorted(bad)) if bad else slurm.requeue(target)
+    if refused is not None:
+        print(f"slurmddp: scontrol requeue {target}: {refused}", file=sys.stderr)
+        return 1
+    return EXIT_FINISHED
+
+
+def place_step(run_dir: Path, attempt: AttemptId, hosts: list[str], per_node: int) -> str:
+    """Shell exports that make the batch script's srun run `per_node` tasks on each of `hosts`:
+    a host file (srun reads SLURM_HOSTFILE as its --nodelist, one line a task) and the counts."""
+    path = run_dir / STEP_HOSTS / f"{attempt.job_id}.{attempt.restart_count}.{attempt.in_job_restart}"
+    write_atomic(path, "".join(f"{host}\n" * per_node for host in hosts))
+    counts = {
+        "SLURM_HOSTFILE": str(path),
+        "SLURM_NNODES": str(len(hosts)),
+        "SLURM_NTASKS": str(len(hosts) * per_node),
+        # What srun checks --ntasks-per-node against ("can't honor --ntasks-per-node" otherwise);
+        # the requeue policy reads the allocation's size from the config, not from here.
+        "SLURM_JOB_NUM_NODES": str(len(hosts)),
+    }
+    return "export " + " ".join(f"{name}={shlex.quote(value)}" for name, value in counts.items())
+
+
+def end(
+    run_dir: Path,
+    status: int,
+    env: Mapping[str, str],
+    now: float,
+    preempt_time: PreemptTime,
+    time_left: TimeLeft = slurm.time_left,
+    partition_nodes: PartitionNodes = slurm.partition_nodes,
+    failed_nodes: FailedNodes = slurm.failed_nodes,
+) -> int:
+    """Record how this attempt ended and requeue it if it goes around again. Rank 0 calls this
+    right after a stop; the batch script calls it after srun, and then only repeats the requeue
+    if rank 0 already recorded one (the job being still alive means that requeue failed)."""
+    events = records.read_attempts(run_dir)
+    final = records.final_end(events)
+    if final is not None and final.reason == CANCELLED:
+        # `slurmddp cancel` marked the run before scancel; requeueing now would revive it
+        # (scontrol requeue takes a job cancelled a moment ago, seen on 22.05.8).
+        print("slurmddp: the run was cancelled; not requeueing", file=sys.stderr)
+        return 1
+    me = AttemptId.from_env(env)
+    settings = Settings.of_run(run_dir)
+    last = events[-1] if events else None
+    if isinstance(last, End) and last.attempt_id == me:
+        decision = Decision(last.reason, last.step, last.requeue, last.message, in_job=last.in_job)
+    else:
+        decision = decide(
+            run_dir, status, env, settings, preempt_time, time_left, partition_nodes, failed_nodes
+        )
+        attempt = max(0, len(records.begins(events)) - 1)
+        if decision.leave_out or decision.set_aside:
+            excluded = Exclusions.read(run_dir).adding(decision.leave_out, attempt, now)
+            excluded.setting_aside(decision.set_aside, attempt, now, me.allocation).write(run_dir)
+        ended = End(
+            decision.reason,
+            decision.step,
+            now,
+            requeue=decision.requeue,
+            final=not decision.requeue,
+            message=decision.message,
+            attempt=attempt,
+            status=status,
+            attempt_id=me,
+            in_job=decision.in_job,
+            signature=decision.signature,
+        )
+        records.append_attempt(run_dir, ended)
+        print(f"slurmddp: attempt ended: {decision.message}", file=sys.stderr)
+    if decision.in_job:
+        return EXIT_RESTART_IN_JOB
+    if not decision.requeue:
+        return 0 if decision.reason == "completed" else 1
+    target = requeue_target(env)
+    # Those left out for good, not this allocation's suspects: the next allocation may hold them.
+    found = set(Exclusions.read(run_dir).hosts)
+    # The user's resources.exclude too: the update replaces the job's list.
+    hosts = sorted(found | settings.user_excluded()) if found else []
+    refused = slurm.requeue_excluding(target, hosts) if hosts else slurm.requeue(target)
+    if refused is not None:
+        # The job may already be on its way back (a preemption in REQUEUE mode requeues by itself).
+        print(f"slurmddp: scontrol requeue {target}: {refused}", file=sys.stderr)
+    return 0
+
+
+LOCAL_STARTS = 6
+"""How many times submitit's local controller starts a job's tasks at most (submitit 1.5's
+`Controller.run(max_retry=6)`): a stop of the last start is not followed by another."""
+LOCAL_TIME_SIGNAL = "SIGUSR2"
+"""What submitit's local controller sends `requeue.signal_lead_s` before `resources.time`."""
+
+
+def begin_local(run_dir: Path, attempt: AttemptId, host: str, now: float) -> None:
+    """Rank 0 of a local run: record the start of `attempt` (records.local_attempt)."""
+    started = len(records.begins(records.read_attempts(run_dir)))
+    records.append_attempt(run_dir, Begin(started, now, host, host, attempt))
+
+
+def end_local(run_dir: Path, attempt: AttemptId, status: int, now: float) -> End | None:
+    """Rank 0 of a local run: record how `attempt` ended, from the status its rank leaves with (0,
+    LOCAL_REQUEUE_STATUS after a stop, anything else a failure) and the attempt's records; returns
+    the record, or None where the attempt was closed already (a cancel, or a second call)."""
+    events = records.read_attempts(run_dir)
+    final = records.final_end(events)
+    if final is not None and final.reason == CANCELLED:
+        return None
+    if any(e.attempt_id == attempt for e in records.ends(events)):
+        return None
+    decision = decide_local(run_dir, attempt, status, records.current(events))
+    ended = End(
+        decision.reason,
+        decision.step,
+        now,
+        requeue=decision.requeue,
+        final=not decision.requeue,
+        message=decision.message,
+        attempt=max(0, len(records.begins(events)) - 1),
+        status=status,
+        attempt_id=attempt,
+        signature=decision.signature,
+    )
+    records.append_attempt(run_dir, ended)
+    return ended
+
+
+def decide_local(run_dir: Path, attempt: AttemptId, status: int, era: list[records.AttemptEvent]) -> Decision:
+    """How a local attempt ended. The local controller starts the ranks again only after a stop
+    (a rank leaving with LOCAL_REQUEUE_STATUS), never after a failure, and at most LOCAL_STARTS
+    times; a stop's requeue budget is the run's, as on Slurm."""
+    stop = Stop.read_for(run_dir, attempt)
+    if records.completed_by(run_dir, attempt) or (status == 0 and stop is None):
+        return Decision("completed", progress_step(run_dir), False, "completed")
+    if status != LOCAL_REQUEUE_STATUS or stop is None:
+        failure = Failure.read_for(run_dir, attempt)
+        step = failure.step if failure is not None else progress_step(run_dir)
+        where = f" at step {step}" if step is not None else ""
+        error = f": {failure.error}" if failure is not None else f" (rank 0 left with status {status})"
+        message = f"failure{where}{error}; a local run is not retried"
+        # Recorded as on Slurm, for whoever reads the run: what failed, not only that it did.
+        return Decision("failure", step, False, message, signature=signature(failure, status, step))
+    reason, why = _local_reason(run_dir, attempt, stop)
+    allowed = Settings.of_run(run_dir).budget(reason)
+    used = sum(1 for e in records.ends(era) if e.reason == reason) + 1
+    where = f" at step {stop.step}" if stop.step is not None else ""
+    if allowed >= 0 and used > allowed:
+        spent = f"{reason} budget spent ({used - 1} requeues of {allowed} allowed){why}"
+        return Decision(reason, stop.step, False, spent)
+    if attempt.restart_count + 1 >= LOCAL_STARTS:
+        return Decision(
+            reason,
+            stop.step,
+            False,
+            f"{reason}{where}{why}; submitit's local executor starts a job at most {LOCAL_STARTS} "
+            "times: not restarting",
+        )
+    budget = "unlimited" if allowed < 0 else str(allowed)
+    return Decision(reason, stop.step, True, f"{reason}{where}{why}; requeue {used} (budget {budget})")
+
+
+def _local_reason(run_dir: Path, attempt: AttemptId, stop: Stop) -> tuple[RequeueReason, str]:
+    """`slurmddp interrupt` names the reason itself; otherwise the stop signal of submitit's local
+    controller is its time limit, and any other (a TERM from outside slurmddp) stands for a
+    preemption."""
+    forced = Interrupt.read_for(run_dir, attempt)
+    if forced is not None:
+        return forced.reason, ""
+    if stop.signal == LOCAL_TIME_SIGNAL:
+        return "timeout", ""
+    return "preemption", f" ({stop.signal} from outside slurmddp)"
+
+
+def main(argv: list[str]) -> int:
+    # A sweep's batch script names the sweep directory and its submission; the array task picks
+    # the element it runs from the sweep manifest.
+    if len(argv) in (4, 5) and argv[-2] == "--submission":
+        run_dir = records.element_dir(Path(argv[1]), int(argv[-1]), os.environ)
+        argv = [argv[0], str(run_dir), *argv[2:-2]]
+    if len(argv) == 2 and argv[0] == "begin":
+        return begin(Path(argv[1]), os.environ, time.time())
+    if len(argv) == 3 and argv[0] == "end":
+        return end(Path(argv[1]), int(argv[2]), os.environ, time.time(), slurm.preempt_time)
+    print(
+        "usage: python -m slurmddp.job.allocation.attempts begin RUN_DIR | end RUN_DIR STATUS "
+        "(each optionally followed by --submission N for a sweep)",
+        file=sys.stderr,
+    )
+    return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

@@ -1,0 +1,84 @@
+"""The first code a task runs: `python -u -m slurmddp.job.launch.boot -u -m submitit.core._submit FOLDER`
+(submitit appends its own `-u -m submitit.core._submit FOLDER` to the interpreter command).
+
+It installs the stop-signal flag before anything heavy is imported, checks that nobody else could
+have written the job pickle submitit's runner is about to load (job/launch/trust.py), then hands over to
+that runner. submitit's runner installs handlers of its own just before it calls the rank, and the
+rank puts ours back first thing; until then a signal is recorded, not fatal.
+"""
+
+from __future__ import annotations
+
+import os
+import runpy
+import sys
+import time
+from pathlib import Path
+
+from slurmddp.defaults import ALWAYS_STOP_ON, STOP_SIGNAL, STOP_SIGNALS_ENV
+from slurmddp.errors import UntrustedPickle
+from slurmddp.job.launch import trust
+from slurmddp.job.process import signals
+
+
+def main(argv: list[str]) -> None:
+    stop_signals = tuple(os.environ.get(STOP_SIGNALS_ENV, f"{STOP_SIGNAL},{ALWAYS_STOP_ON}").split(","))
+    signals.install(stop_signals)
+    # submitit sets its logger's level from this when it is first imported (by the runner below);
+    # at INFO it writes four lines of its own into every rank's log. A user's own setting stands.
+    os.environ.setdefault("SUBMITIT_LOG_LEVEL", "WARNING")
+    if argv[:1] == ["-u"]:
+        argv = argv[1:]  # already in effect: the interpreter was started with -u
+    if argv[:1] != ["-m"] or len(argv) < 2:
+        raise SystemExit("usage: python -u -m slurmddp.job.launch.boot [-u] -m MODULE [ARGS...]")
+    if argv[1] == trust.SUBMITIT_RUNNER:
+        _check_pickle(argv[2:])
+    sys.argv = [argv[1], *argv[2:]]
+    try:
+        runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
+    except Exception:
+        # The crash is recorded (job/process/crash.py) and submitit wrote its result: leave at once.
+        # Python's shutdown would collect every object torch made first, 1-5 s while srun holds
+        # the step and the restart (or the requeue) waits.
+        sys.excepthook(*sys.exc_info())
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(1)
+    finally:
+        # The work is done: from here a stop signal must not kill the process. Python puts every
+        # signal with a Python handler back to its default action while it shuts down, and USR2's
+        # default is to terminate: a time-limit signal in those last milliseconds made srun report
+        # a finished rank as killed by signal 12 (seen on the lab, Slurm 22.05.8).
+        signals.ignore(stop_signals)
+
+
+def _check_pickle(args: list[str]) -> None:
+    """Refuse, before it is unpickled, a job that another user could have written; the attempt
+    is recorded as a failure not to retry (a requeued job would be refused again)."""
+    folder = trust.runner_folder(args)
+    try:
+        trust.check_submitted(folder, os.environ)
+    except UntrustedPickle as exc:
+        _record_refusal(folder, str(exc))
+        raise SystemExit(f"slurmddp: {exc}") from None
+
+
+def _record_refusal(folder: str, error: str) -> None:
+    # Only on this path: the attempt record's imports are not worth their time at every start.
+    from slurmddp.rundir.records import AttemptId, Failure, run_dir_of
+
+    run_dir = run_dir_of(Path(folder), os.environ)
+    if run_dir is None:
+        return
+    Failure(
+        step=None,
+        rank=int(os.environ.get("SLURM_PROCID") or 0),
+        error=error,
+        attempt=AttemptId.from_env(os.environ),
+        time=time.time(),
+        retry=False,
+    ).write(run_dir)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,192 @@
+"""A rank that runs a torchrun-style script (or `-m module`) as its child: the rank's process hosts
+the rendezvous store, passes a stop signal on as SIGTERM, records progress and how the script
+ended. The child itself is job/script/scriptrun.py, which counts the script's optimizer steps."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from datetime import timedelta
+from pathlib import Path
+
+from slurmddp.defaults import LOCAL_REQUEUE_STATUS
+from slurmddp.errors import EntrypointFailed
+from slurmddp.job.process import crash, peerwatch, rendezvous, signals, stop
+from slurmddp.job.process.distenv import DistEnv
+from slurmddp.job.process.watchdog import HANG_EXIT_STATUS, rendezvous_s
+from slurmddp.job.script import scriptrun
+from slurmddp.job.spec import RankSpec
+from slurmddp.job.train import trackers
+from slurmddp.job.train.loop import PROGRESS_EVERY_S
+from slurmddp.rundir.records import AttemptId, Failure, Progress, Stop
+
+
+def run_script(spec: RankSpec, dist: DistEnv) -> int:
+    """Run a torchrun-style script as this rank. A stop signal reaches it as SIGTERM, the signal
+    torchrun's agent sends its workers; the script saves its own snapshot and exits, and the job is
+    requeued as for a function entrypoint."""
+    assert spec.script is not None or spec.module is not None
+    if dist.rank == 0:
+        rendezvous.check_port_free(dist.master_port)
+    command = spec.command()
+    began = time.monotonic()
+    with tempfile.NamedTemporaryFile(prefix="slurmddp-steps-") as steps:
+        # This process hosts the store, as torchrun's agent does: it outlives the script (module
+        # doc of job.rendezvous). The script's clients retry until it is up, so torch loads
+        # meanwhile. job.scriptrun runs the script as python would, counting its optimizer steps.
+        child = subprocess.Popen(
+            [sys.executable, "-m", "slurmddp.job.script.scriptrun", *command[1:]],
+            env={**os.environ, **_script_env(spec, dist, steps.name, began)},
+        )
+        # From now on a stop signal reaches the script at once, not at the next poll: every rank
+        # hears it within the same millisecond (job/process/stop.py agrees on the step).
+        signals.install(spec.stop_signals, then=_forward_once(child))
+        met = _follow_a_start_hang(child) if spec.dist.start_timeout_s else None
+        store = rendezvous.open_store(dist, rendezvous_s(spec.dist.timeout_s, spec.dist.start_timeout_s))
+        watch = peerwatch.start(store, dist, spec, child)
+        store.set_timeout(timedelta(seconds=spec.dist.timeout_s))
+        if met is not None:
+            met.set()
+        if watch is not None:
+            watch.step_of = lambda: scriptrun.read_steps(Path(steps.name))
+        before = _steps_before(Path(spec.run_dir), AttemptId.of(dist))
+        code = _wait_for_script(child, dist, Path(spec.run_dir), Path(steps.name), before)
+        step = scriptrun.read_steps(Path(steps.name))
+        finished = scriptrun.read_finished(Path(steps.name))
+        stopped_on = scriptrun.read_stopped(Path(steps.name))
+    if dist.rank == 0 and step is not None:
+        # The attempt's last count, which the next attempt goes on from.
+        Progress(before + step, AttemptId.of(dist), time.time()).write(Path(spec.run_dir))
+    # A script that stopped by agreement stopped, even where this process heard no signal itself.
+    stop = signals.received() or stopped_on
+    if stop is None and code < 0 and finished:
+        print(
+            f"slurmddp: rank {dist.rank}: {shlex.join(command)} ended with status 0, then its process "
+            f"died of {signals.name(-code)} while Python shut down; counted as completed",
+            file=sys.stderr,
+            flush=True,
+        )
+        code = 0
+    if watch is not None and (stop is not None or code == 0):
+        watch.leave()
+    if stop is None and code != 0:
+        # Before srun's SIGTERM reaches the other ranks: their stop is no stop request.
+        error = f"{shlex.join(command)} exited with status {code}{_after(step)}"
+        _record_failure(Path(spec.run_dir), dist, step, error, code)
+        if watch is not None:
+            watch.crashed()
+        raise EntrypointFailed(f"rank {dist.rank}: {shlex.join(command)} exited with status {code}")
+    if stop is not None:
+        if dist.rank == 0:
+            Stop(
+                step=None if step is None else before + step,
+                signal=signals.name(stop),
+                signal_at=signals.received_at(),
+                attempt=AttemptId.of(dist),
+                time=time.time(),
+                script_status=code,
+            ).write(Path(spec.run_dir))
+        if spec.executor == "local":
+            raise SystemExit(LOCAL_REQUEUE_STATUS)
+    rendezvous.exit_barrier(store, dist, spec.dist.timeout_s, signals.stopping)
+    return code
+
+
+def _record_failure(run_dir: Path, dist: DistEnv, step: int | None, error: str, code: int) -> None:
+    """crash.record's record (where the device is to blame, it names this node) with the script's
+    exit status added: what tells one script failure from another where no Python exception
+    reached this process (job/allocation/requeue.py's signature: argparse's 2 before any step, twice)."""
+    crash.record(run_dir, dist, step, error)
+    mine = Failure.read_for(run_dir, AttemptId.of(dist))
+    # Only where this rank's record is the attempt's: the first one stands (Failure.write).
+    if mine is not None and (mine.rank, mine.error) == (dist.rank, error):
+        dataclasses.replace(mine, exit_status=code).write(run_dir, replace=True)
+
+
+def _forward_once(child: subprocess.Popen[bytes]) -> Callable[[int], None]:
+    """Pass the first stop signal on to the script as SIGTERM, the signal torchrun's agent sends
+    its workers."""
+    forwarded = False
+
+    def forward(signum: int) -> None:
+        nonlocal forwarded
+        if not forwarded and child.returncode is None:
+            forwarded = True
+            child.send_signal(signal.SIGTERM)
+
+    return forward
+
+
+def _follow_a_start_hang(child: subprocess.Popen[bytes]) -> threading.Event:
+    """Until the event is set (this process met rank 0's at the store), a script whose start-up
+    watchdog fired, its record written, ends this process with the same status: else it would wait
+    in the store's connect for a rank 0 that may never come, and srun for it."""
+    met = threading.Event()
+
+    def follow() -> None:
+        while not met.wait(0.2):
+            if child.poll() == HANG_EXIT_STATUS:
+                os._exit(HANG_EXIT_STATUS)
+
+    threading.Thread(target=follow, name="slurmddp-startfollow", daemon=True).start()
+    return met
+
+
+def _script_env(spec: RankSpec, dist: DistEnv, steps: str, began: float) -> dict[str, str]:
+    env = {
+        "TORCHELASTIC_USE_AGENT_STORE": "True",
+        scriptrun.STEP_FILE_ENV: steps,
+        stop.STORE_ENV: f"{dist.master_addr}:{dist.master_port}",
+        **trackers.script_env(Path(spec.run_dir), os.environ),
+    }
+    if spec.settings.ddp.resume_buckets:
+        env[scriptrun.RESUME_BUCKETS_ENV] = "1"
+    if spec.settings.integrations == "auto":
+        env[scriptrun.AUTO_ENV] = "1"
+    if spec.dist.hang_timeout_s != 0 or spec.dist.start_timeout_s != 0:
+        watch = {
+            **dataclasses.asdict(dist),
+            "hang_timeout_s": spec.dist.hang_timeout_s,
+            "start_timeout_s": spec.dist.start_timeout_s,
+            "began": began,
+        }
+        env[scriptrun.WATCH_ENV] = json.dumps(watch)
+    return env
+
+
+def _steps_before(run_dir: Path, attempt: AttemptId) -> int:
+    """The optimizer steps the run's earlier attempts made: the newest progress record's, unless
+    this attempt wrote it (a rank that starts late)."""
+    progress = Progress.read(run_dir)
+    return 0 if progress is None or progress.attempt == attempt else progress.step
+
+
+def _wait_for_script(
+    child: subprocess.Popen[bytes], dist: DistEnv, run_dir: Path, steps: Path, before: int
+) -> int:
+    """The script's exit status; meanwhile rank 0 records as progress the optimizer steps made in
+    the run, `before` this attempt's and this attempt's: with an integration, which never makes a
+    step twice, the training step the script is at."""
+    shown_at = 0.0
+    while True:
+        try:
+            return child.wait(timeout=0.2)
+        except subprocess.TimeoutExpired:
+            if dist.rank == 0 and time.monotonic() - shown_at >= PROGRESS_EVERY_S:
+                shown_at = time.monotonic()
+                step = scriptrun.read_steps(steps)
+                if step is not None:
+                    Progress(before + step, AttemptId.of(dist), time.time()).write(run_dir)
+
+
+def _after(step: int | None) -> str:
+    return "" if step is None else f" after {step} optimizer steps of this attempt"
