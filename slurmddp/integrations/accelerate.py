@@ -57,7 +57,10 @@ from typing import Any
 
 from slurmddp import files
 from slurmddp.errors import CheckpointError
-from slurmddp.job.checkpoint.integrity import size_problem, step_dir_name, step_dirs
+from slurmddp.integrations.shims import accelerate as internals
+from slurmddp.job.checkpoint import completeness
+from slurmddp.job.checkpoint.completeness import UNCHECKED, Kind, Marker, Wording
+from slurmddp.job.checkpoint.integrity import step_dir_name, step_dirs
 from slurmddp.job.checkpoint.rng import capture_rng_state, restore_rng_state
 from slurmddp.job.process import stop
 
@@ -67,6 +70,21 @@ RANK_FILE = "slurmddp-rank-{rank:05d}.pt"
 DAMAGED = "damaged"
 FOLDER = "accelerate"
 """The default folder under `$SLURMDDP_RUN_DIR`."""
+_NO_MARKER = "no completion marker (the save did not finish)"
+KIND = Kind(
+    Wording(
+        missing=_NO_MARKER,
+        unreadable=_NO_MARKER,
+        malformed=f"its {MARKER} is not one slurmddp wrote",
+        unlisted="{unlisted} is not listed",
+        changed="{problem}",
+    ),
+    bare_sizes=True,
+    every_listed=True,
+)
+"""How a state directory reads the one completeness rule (job/checkpoint/completeness.py): rank
+0's one marker, written once every rank's files are durable, stands for every rank's, names no
+attempt, records every file of the directory by its size alone, and must list each rank's file."""
 
 
 @dataclass(frozen=True)
@@ -95,20 +113,15 @@ def check_complete(path: Path) -> Candidate | str:
     """`path` as a complete state directory, or why it is not one."""
     marker = files.read_json_object(path / MARKER)
     if marker is None:
-        return "no completion marker (the save did not finish)"
+        return _NO_MARKER
     try:
         position = Position(int(marker["step"]), int(marker["epoch"]), int(marker["batch"]))
         num_processes = int(marker["num_processes"])
-        sizes = {str(name): int(size) for name, size in dict(marker["files"]).items()}
     except (KeyError, TypeError, ValueError):
-        return f"its {MARKER} is not one slurmddp wrote"
-    for name, size in sorted(sizes.items()):
-        if (problem := size_problem(path, name, size)) is not None:
-            return problem
-    for rank in range(num_processes):
-        if RANK_FILE.format(rank=rank) not in sizes:
-            return f"{RANK_FILE.format(rank=rank)} is not listed"
-    return Candidate(path, position, num_processes)
+        return KIND.wording.malformed
+    ranks = tuple(RANK_FILE.format(rank=rank) for rank in range(num_processes))
+    problems = completeness.problems(path, KIND, [Marker(MARKER, lists=ranks)], attempt=UNCHECKED)
+    return Candidate(path, position, num_processes) if not problems else problems[0]
 
 
 def complete_states(folder: Path) -> tuple[list[Candidate], list[str]]:
@@ -251,7 +264,6 @@ class Resumable:
     def save(self) -> Path:
         """Save the state at this step boundary on every rank (all must call it) and mark it
         complete once every rank's files are durable."""
-        import torch
 
         accelerator = self.accelerator
         path = state_dir(self.folder, self.global_step)
@@ -271,16 +283,7 @@ class Resumable:
         finally:
             if automatic:
                 config.automatic_checkpoint_naming = True
-        rank = accelerator.process_index
-        own = {
-            "position": [position.step, position.epoch, position.batch],
-            "accumulation_step": int(getattr(accelerator, "step", 0)),
-            "rng": capture_rng_state(),
-        }
-        rank_file = path / RANK_FILE.format(rank=rank)
-        temporary = rank_file.with_name(f".{rank_file.name}.tmp")
-        torch.save(own, temporary)
-        os.replace(temporary, rank_file)
+        self._save_own(path, position)
         _fsync_files(path)
         accelerator.wait_for_everyone()
         if accelerator.is_main_process:
@@ -300,6 +303,20 @@ class Resumable:
             )
             self._prune()
         return path
+
+    def _save_own(self, path: Path, position: Position) -> None:
+        """This rank's `slurmddp-rank-R.pt`: where the run stands and its random streams."""
+        import torch
+
+        own = {
+            "position": [position.step, position.epoch, position.batch],
+            "accumulation_step": internals.accumulation_step(self.accelerator),
+            "rng": capture_rng_state(),
+        }
+        rank_file = path / RANK_FILE.format(rank=self.accelerator.process_index)
+        temporary = rank_file.with_name(f".{rank_file.name}.tmp")
+        torch.save(own, temporary)
+        os.replace(temporary, rank_file)
 
     def _prune(self) -> None:
         """Remove complete state directories beyond `keep_last`, and the unfinished saves older
@@ -370,8 +387,7 @@ class Resumable:
             restore_rng_state(own["rng"])
         except Exception as exc:  # any failure to read the state is what is reported
             return f"rank {accelerator.process_index}: {type(exc).__name__}: {exc}"
-        if hasattr(accelerator, "step"):
-            accelerator.step = int(own["accumulation_step"])
+        internals.set_accumulation_step(accelerator, int(own["accumulation_step"]))
         self._rng = own["rng"]
         step, epoch, batch = (int(value) for value in own["position"])
         self.global_step = step
@@ -391,11 +407,10 @@ class Resumable:
 def _data_seed(dataloader: Any) -> int | None:
     """The seed of the loader's seedable sampler; refuses a shuffling sampler whose order a resume
     cannot reproduce."""
-    get_sampler = getattr(dataloader, "get_sampler", None)
-    sampler = get_sampler() if callable(get_sampler) else getattr(dataloader, "sampler", None)
-    seed = getattr(sampler, "initial_seed", None)
+    sampler = internals.loader_sampler(dataloader)
+    seed = internals.sampler_seed(sampler)
     if seed is not None:
-        return int(seed)
+        return seed
     from torch.utils.data import RandomSampler
 
     if isinstance(sampler, RandomSampler):

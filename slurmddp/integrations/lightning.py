@@ -46,10 +46,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from slurmddp.files import fsync_dir, read_json_object, write_json
+from slurmddp.integrations.shims import lightning as internals
+from slurmddp.job.checkpoint import completeness
+from slurmddp.job.checkpoint.completeness import AGREE, Kind, Wording
 from slurmddp.job.checkpoint.integrity import (
-    file_problem,
     marker_name,
     rank_file_name,
+    rank_markers,
     step_dir_name,
     step_dirs,
 )
@@ -77,39 +80,38 @@ KEEP_LAST = 2
 _STOP_SIGNALS = ("SIGTERM", "SIGUSR1", "SIGUSR2")
 
 
+_NO_MARKER = "no completion marker from rank {rank}"
+KIND = Kind(
+    Wording(
+        missing=_NO_MARKER,
+        unreadable=_NO_MARKER,
+        malformed=_NO_MARKER,
+        unlisted="{marker} does not list {unlisted}",
+    )
+)
+"""How the callback's checkpoints read the one completeness rule (job/checkpoint/completeness.py):
+slurmddp's rank markers with lightning.ckpt in rank 0's; no meta.json names the attempt, so the
+markers must agree on it among themselves."""
+
+
 def checkpoint_problems(path: Path, world_size: int, *, check_crc: bool) -> list[str]:
     """Why `path` (a step directory) is not a complete checkpoint of `world_size` ranks; empty: it
     is. Complete: every rank's marker, all from one attempt, and every file with the size (and
     CRC32) its marker recorded."""
-    problems: list[str] = []
-    attempts = set()
-    for rank in range(world_size):
-        marker = read_json_object(path / marker_name(rank))
-        if marker is None or not isinstance(marker.get("files"), dict):
-            problems.append(f"no completion marker from rank {rank}")
-            continue
-        attempts.add(marker.get("attempt"))
-        expected = [rank_file_name(rank), *([LIGHTNING_FILE] if rank == 0 else [])]
-        for name in expected:
-            recorded = marker["files"].get(name)
-            if recorded is None:
-                problems.append(f"{marker_name(rank)} does not list {name}")
-            elif (problem := file_problem(path, name, recorded, check_crc=check_crc)) is not None:
-                problems.append(problem)
-    if len(attempts) > 1:
-        problems.append("its markers come from different attempts")
-    return problems
+    markers = rank_markers(world_size, LIGHTNING_FILE)
+    return completeness.problems(path, KIND, markers, attempt=AGREE, check_crc=check_crc)
 
 
 def newest_complete(root: Path, world_size: int) -> Path | None:
     """The newest complete checkpoint under `root` (CRC32s checked), skipping, with a warning, any
     newer one that is incomplete or damaged."""
-    for _, path in step_dirs(root):
-        problems = checkpoint_problems(path, world_size, check_crc=True)
-        if not problems:
-            return path
+    found, skipped = completeness.newest_complete(
+        (path for _, path in step_dirs(root)),
+        lambda path: checkpoint_problems(path, world_size, check_crc=True),
+    )
+    for path, problems in skipped:
         print(f"slurmddp: skipping checkpoint {path}: {'; '.join(problems)}", file=sys.stderr, flush=True)
-    return None
+    return found
 
 
 class _SkipFirst:
@@ -193,7 +195,7 @@ class SlurmddpCallback(_Callback):
         if self._resumed_from is not None:
             rng = _load_local(self._resumed_from / rank_file_name(trainer.global_rank))
             self._resume_data(trainer, rng)
-            _count_the_next_epoch(trainer.fit_loop)
+            internals.count_the_next_epoch(trainer.fit_loop)
 
     def on_train_batch_end(
         self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int
@@ -220,17 +222,8 @@ class SlurmddpCallback(_Callback):
             handler = signal.getsignal(signum)
             if handler not in (None, signal.SIG_DFL, signal.SIG_IGN):
                 self._ours[signum] = handler
-        connector = getattr(trainer, "_signal_connector", None)
-        register = getattr(connector, "register_signal_handlers", None)
-        if connector is None or register is None or getattr(register, "_slurmddp", False):
-            return  # another Lightning: on_train_start puts them back
-
-        def register_then_restore() -> None:
-            register()
-            self._restore_signal_handlers()
-
-        register_then_restore._slurmddp = True  # type: ignore[attr-defined]
-        connector.register_signal_handlers = register_then_restore
+        # Another Lightning, where nothing is wrapped: on_train_start puts them back.
+        internals.after_signal_registration(trainer, self._restore_signal_handlers)
 
     def _restore_signal_handlers(self) -> None:
         for signum, handler in self._ours.items():
@@ -244,7 +237,7 @@ class SlurmddpCallback(_Callback):
         `version_N` directory, not a new `version_N+1`: one run in TensorBoard, continued. The
         first attempt's versions are kept beside the checkpoints (a version the script chose
         stays as it is)."""
-        versioned = [logger for logger in trainer.loggers if hasattr(logger, "_version")]
+        versioned = [logger for logger in trainer.loggers if internals.has_version(logger)]
         if not versioned:
             return
         path = self.root(trainer) / LOGGERS_FILE
@@ -262,17 +255,9 @@ class SlurmddpCallback(_Callback):
     def _choose_resume_point(self, trainer: Any) -> None:
         """Make Lightning restore from our newest complete checkpoint, unless the checkpoint it
         resolved itself (`ckpt_path="last"`: ModelCheckpoint's last.ckpt) is a newer file."""
-        connector = getattr(trainer, "_checkpoint_connector", None)
-        resume_start = getattr(connector, "resume_start", None)
-        if connector is None or resume_start is None:
-            raise RuntimeError(
-                "slurmddp's Lightning callback cannot choose the checkpoint to resume from in this "
-                "Lightning version (no Trainer._checkpoint_connector.resume_start); tested with 2.6.6"
-            )
-        original = getattr(resume_start, "_slurmddp_original", resume_start)
         ours = self._resume
 
-        def choosing(checkpoint_path: Any = None, weights_only: Any = None) -> None:
+        def choose(checkpoint_path: Any) -> Any:
             chosen = checkpoint_path
             if (
                 ours is not None
@@ -283,10 +268,9 @@ class SlurmddpCallback(_Callback):
             self._resumed_from = ours if ours is not None and chosen == str(ours / LIGHTNING_FILE) else None
             if self._resumed_from is not None and trainer.is_global_zero:
                 print(f"slurmddp: resuming from {self._resumed_from}", file=sys.stderr, flush=True)
-            original(chosen, weights_only)
+            return chosen
 
-        choosing._slurmddp_original = original  # type: ignore[attr-defined]
-        connector.resume_start = choosing
+        internals.choose_restored_checkpoint(trainer, choose)
 
     # -- saving -----------------------------------------------------------------------------------
 
@@ -352,7 +336,7 @@ class SlurmddpCallback(_Callback):
             _set_epoch(dl, epoch + 1 if at_epoch_end else epoch)
             if not at_epoch_end and consumed:
                 _skip(dl, consumed)
-        fetcher = getattr(trainer.fit_loop, "_data_fetcher", None)
+        fetcher = internals.data_fetcher(trainer)
         if fetcher is None or not loaders:
             print(
                 "slurmddp: warning: found no training DataLoader or iterator to position (a Lightning "
@@ -370,28 +354,12 @@ class SlurmddpCallback(_Callback):
             restore_rng_state(rng["rng"])
 
 
-def _count_the_next_epoch(loop: Any) -> None:
-    """Resumed from the last batch of an epoch, Lightning 2.6.6 ends that epoch in
-    `fit_loop.reset()`, but still "restarted mid-epoch" it starts the next one without counting it
-    ready and started (and without `on_train_epoch_start`). A checkpoint saved in that epoch then
-    holds one epoch too few, and its resume gives the samplers the epoch before (the data order of
-    a run stopped at two epoch ends in a row was not the uninterrupted run's). Cleared, the next
-    epoch starts as in a run that never stopped."""
-    batches = getattr(getattr(loop, "epoch_loop", None), "batch_progress", None)
-    if getattr(loop, "restarted_mid_epoch", False) and getattr(batches, "is_last_batch", False):
-        loop.reset_restart_stage()
-
-
 def _repoint(logger: Any, version: Any, remove_opened: bool) -> None:
     """Point `logger` at `version`. Lightning opened this attempt's writer in a new version's
     directory before any callback's setup ran (to have the loggers' metadata early); that writer
     is closed, and its directory, holding only files made in this process, removed."""
     opened = Path(logger.log_dir)
-    close = getattr(getattr(logger, "_experiment", None), "close", None)
-    if callable(close):
-        close()
-    logger._experiment = None
-    logger._version = version
+    internals.repoint(logger, version)
     # Only rank 0 looks: the other ranks would race its removal. A directory holding anything
     # older than this process is another run's, and stays.
     if remove_opened and opened.is_dir() and all(_mtime(p) >= _IMPORTED_AT for p in opened.rglob("*")):
@@ -426,9 +394,7 @@ def _prune(root: Path, world_size: int, keep: int) -> None:
 def _train_loaders(trainer: Any) -> list[DataLoader[Any]]:
     from torch.utils.data import DataLoader
 
-    combined = getattr(trainer.fit_loop, "_combined_loader", None)
-    flattened = getattr(combined, "flattened", None) or []
-    return [dl for dl in flattened if isinstance(dl, DataLoader)]
+    return [dl for dl in internals.combined_loaders(trainer) if isinstance(dl, DataLoader)]
 
 
 def _set_epoch(dl: DataLoader[Any], epoch: int) -> None:

@@ -41,7 +41,6 @@ resumed attempt's DDP in the layout the first attempt rebuilt to, for every scri
 from __future__ import annotations
 
 import functools
-import json
 import os
 import shutil
 import sys
@@ -55,7 +54,9 @@ from transformers import Trainer, TrainerCallback, TrainerControl, TrainerState,
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from slurmddp.files import fsync_dir, write_json
-from slurmddp.job.checkpoint.integrity import size_problem
+from slurmddp.integrations.shims import transformers as internals
+from slurmddp.job.checkpoint import completeness
+from slurmddp.job.checkpoint.completeness import UNCHECKED, Kind, Marker, Wording
 from slurmddp.job.process import stop
 
 __all__ = ["COMPLETE", "SlurmddpCallback", "auto", "checkpoint_problem", "newest_complete", "resume_point"]
@@ -67,6 +68,23 @@ JIT_SENTINEL = "checkpoint-is-incomplete.txt"
 SET_ASIDE = "slurmddp-incomplete"
 """Where incomplete checkpoints newer than the resume point go, under `args.output_dir`."""
 _PREFIX = PREFIX_CHECKPOINT_DIR + "-"
+_UNREADABLE = "its {marker} cannot be read ({error})"
+KIND = Kind(
+    Wording(
+        missing="it has no {marker} (its save did not finish, or it was not saved with SlurmddpCallback)",
+        unreadable=_UNREADABLE,
+        malformed=_UNREADABLE,
+        unlisted="{marker} does not list {unlisted}",
+        changed="{problem}",
+    ),
+    sentinels=(JIT_SENTINEL,),
+    bare_sizes=True,
+    every_listed=True,
+)
+"""How `checkpoint-N` reads the one completeness rule (job/checkpoint/completeness.py): rank 0's
+one marker, written once every rank's files are durable, stands for every rank's and names no
+attempt; it records every file of the folder by its size alone; and transformers' JIT sentinel
+means the save did not finish, whatever the marker says."""
 
 
 def _say(message: str) -> None:
@@ -112,19 +130,8 @@ def write_marker(folder: Path, step: int, world_size: int) -> None:
 
 def checkpoint_problem(folder: Path) -> str | None:
     """Why `folder` is not a complete checkpoint, or None when it is."""
-    if (folder / JIT_SENTINEL).exists():
-        return f"it holds {JIT_SENTINEL} (a save that did not finish)"
-    try:
-        record = json.loads((folder / COMPLETE).read_text())
-        files = dict(record["files"])
-    except FileNotFoundError:
-        return f"it has no {COMPLETE} (its save did not finish, or it was not saved with SlurmddpCallback)"
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        return f"its {COMPLETE} cannot be read ({exc})"
-    for name, size in sorted(files.items()):
-        if (problem := size_problem(folder, name, size)) is not None:
-            return problem
-    return None
+    problems = completeness.problems(folder, KIND, [Marker(COMPLETE)], attempt=UNCHECKED)
+    return problems[0] if problems else None
 
 
 def _step(folder: Path) -> int | None:
@@ -145,13 +152,11 @@ def checkpoints(output_dir: Path) -> list[tuple[int, Path]]:
 def newest_complete(output_dir: Path) -> tuple[Path | None, list[tuple[Path, str]]]:
     """The newest complete checkpoint of `output_dir` (None: none), and the incomplete ones newer
     than it, each with why."""
-    skipped: list[tuple[Path, str]] = []
-    for _, path in checkpoints(output_dir):
-        problem = checkpoint_problem(path)
-        if problem is None:
-            return path, skipped
-        skipped.append((path, problem))
-    return None, skipped
+    found, skipped = completeness.newest_complete(
+        (path for _, path in checkpoints(output_dir)),
+        lambda path: [problem] if (problem := checkpoint_problem(path)) is not None else [],
+    )
+    return found, [(path, problems[0]) for path, problems in skipped]
 
 
 def resume_point(
@@ -223,11 +228,11 @@ class SlurmddpCallback(TrainerCallback):
             # Resumed from a stop at the step where training ended (max_steps, or a callback such
             # as early stopping asked it to): Trainer would go on with the next step before it
             # checks (transformers 5.24), so this attempt only finishes (the script's code after
-            # train() runs). `_run_epoch` is Trainer's own epoch, replaced here for this call.
+            # train() runs): Trainer's own epoch is replaced for this call.
             def finished(**_: Any) -> None:
                 trainer.control.should_training_stop = True
 
-            trainer._run_epoch = finished  # type: ignore[method-assign,assignment]
+            internals.replace_epoch(trainer, finished)
 
     def on_step_end(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
@@ -272,10 +277,8 @@ class SlurmddpCallback(TrainerCallback):
         """A stop whose save Trainer dropped (save_strategy="best" sets `should_save` after an
         evaluation, over the callback's) is saved here, before the next batch is drawn."""
         if self.stopping and self.trainer is not None:
-            trainer = self.trainer
-            trainer._save_checkpoint(trainer.model_wrapped, trial=None)
-            trainer.control = trainer.callback_handler.on_save(trainer.args, trainer.state, trainer.control)
-            self._stop(trainer.state)
+            internals.save_checkpoint(self.trainer)
+            self._stop(self.trainer.state)
 
     def on_step_begin(self, *_: Any, **__: Any) -> None:
         self._save_if_stopping()
@@ -303,7 +306,7 @@ _ORIGINAL_TRAIN = "_slurmddp_original_train"
 
 
 def _ours(trainer: Trainer) -> SlurmddpCallback | None:
-    for callback in trainer.callback_handler.callbacks:
+    for callback in internals.callbacks(trainer):
         if isinstance(callback, SlurmddpCallback):
             return callback
     return None
@@ -362,8 +365,8 @@ def _patch_train() -> None:
             )
         point = _choose(self, resume_from_checkpoint)
         # Last, so that every other callback has seen a save before the stop ends the attempt.
-        self.callback_handler.callbacks.remove(callback)
-        self.callback_handler.callbacks.append(callback)
+        internals.callbacks(self).remove(callback)
+        internals.callbacks(self).append(callback)
         callback.trainer = self
         callback.stopping = False
         callback.resumed = point is not None
@@ -371,7 +374,7 @@ def _patch_train() -> None:
             return original(self, point, *args, **kwargs)
         finally:
             callback.trainer = None
-            self.__dict__.pop("_run_epoch", None)
+            internals.restore_epoch(self)
 
     setattr(Trainer, _ORIGINAL_TRAIN, original)
     Trainer.train = train  # type: ignore[method-assign]

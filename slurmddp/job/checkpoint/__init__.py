@@ -36,11 +36,13 @@ front that the state holds only what that loader accepts, so an unloadable check
 first save instead of at resume; `capture_rng_state()` gives RNG states in such types.
 
 Modules: store (CheckpointStore: save, latest, load, move_aside, space_problem, discard, prune,
-wait), integrity (file names and what counts as complete), io (checksummed atomic writes), snapshot
-(what may be saved, CPU copies for async saves), space (free bytes, a checkpoint's size, the error of
-one that does not fit), rng (RNG state in loadable types). Imports among them go one way only: store
-uses integrity, io, snapshot and space; integrity uses io; io, snapshot, space and rng use none of
-them; none imports this package.
+wait), integrity (file names, meta.json's checks, the store's reading of the completeness rule),
+completeness (the one rule for when a checkpoint counts as complete, for the store's checkpoints and
+every framework integration's), io (checksummed atomic writes), snapshot (what may be saved, CPU
+copies for async saves), space (free bytes, a checkpoint's size, the error of one that does not
+fit), rng (RNG state in loadable types). Imports among them go one way only: store uses integrity,
+completeness, io, snapshot and space; integrity uses completeness; completeness uses io; io,
+snapshot, space and rng use none of them; none imports this package.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """What a checkpoint directory holds and when it is complete: the file names (shared.pt, rank-N.pt,
-meta.json, rank-N.done), and the checks of meta.json, every rank's completion marker, and each file's
-size and (optionally) CRC32 against what its marker recorded.
+meta.json, rank-N.done), the checks of meta.json (the checkpoint's record), and the store's
+parameters of the one completeness rule (completeness.py) that checks every rank's marker and each
+file's size and (optionally) CRC32 against what its marker recorded.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from slurmddp.job.checkpoint.io import file_crc32
+from slurmddp.job.checkpoint.completeness import Kind, Marker, Wording, problems
 
 FORMAT = 1
 SHARED_FILE = "shared.pt"
@@ -42,6 +43,30 @@ def step_dirs(root: Path) -> list[tuple[int, Path]]:
     return sorted(found, reverse=True)
 
 
+STORE = Kind(
+    Wording(
+        missing="no completion marker from rank {rank} ({marker})",
+        unreadable="{marker} is unreadable",
+        malformed="{marker} does not list {required}",
+        unlisted="{marker} does not list {required}",
+    ),
+    limit=3,
+)
+"""How the store applies the one completeness rule (completeness.py): a marker per rank, each
+checked against meta.json's attempt, at most three problems reported."""
+
+
+def rank_marker(rank: int, rank0_file: str) -> Marker:
+    """The marker of `rank` in a checkpoint written rank by rank: `rank-R.done` lists its own
+    `rank-R.pt`, and rank 0's also `rank0_file` (the state rank 0 alone writes)."""
+    return Marker(marker_name(rank), rank, (rank_file_name(rank), *([rank0_file] if rank == 0 else [])))
+
+
+def rank_markers(world_size: int, rank0_file: str) -> list[Marker]:
+    """The markers of every rank of a checkpoint written by `world_size` ranks (rank_marker)."""
+    return [rank_marker(rank, rank0_file) for rank in range(world_size)]
+
+
 def checkpoint_problems(path: Path, step: int, world_size: int | None, *, check_crc: bool) -> list[str]:
     """Why `path` is not a complete checkpoint of `world_size` ranks (empty: it is complete); with
     `world_size` None, of the ranks its meta.json says wrote it."""
@@ -58,57 +83,13 @@ def checkpoint_problems(path: Path, step: int, world_size: int | None, *, check_
         world_size = int(meta["world_size"])
     if meta["world_size"] != world_size:
         return [f"written by {meta['world_size']} ranks; this job has {world_size}"]
-    problems: list[str] = []
-    for rank in range(world_size):
-        marker = read_json(path / marker_name(rank))
-        if marker is None:
-            problems.append(f"no completion marker from rank {rank} ({marker_name(rank)})")
-        elif not isinstance(marker, dict):
-            problems.append(f"{marker_name(rank)} is unreadable")
-        else:
-            problems += marker_problems(path, rank, marker, meta.get("attempt"), check_crc=check_crc)
-        if len(problems) >= 3:
-            problems.append("...")
-            break
-    return problems
+    markers = rank_markers(world_size, SHARED_FILE)
+    return problems(path, STORE, markers, attempt=meta.get("attempt"), check_crc=check_crc)
 
 
-def marker_problems(
-    path: Path, rank: int, marker: dict[str, Any], attempt: Any, *, check_crc: bool
-) -> list[str]:
-    name = marker_name(rank)
-    if marker.get("attempt") != attempt:
-        return [f"{name} is from attempt {marker.get('attempt')!r} but meta.json from {attempt!r}"]
-    files = marker.get("files")
-    expected = [rank_file_name(rank), *([SHARED_FILE] if rank == 0 else [])]
-    if not isinstance(files, dict) or any(f not in files for f in expected):
-        return [f"{name} does not list {', '.join(expected)}"]
-    return [p for f in expected if (p := file_problem(path, f, files[f], check_crc=check_crc)) is not None]
-
-
-def file_problem(path: Path, name: str, recorded: Any, *, check_crc: bool) -> str | None:
-    """What is wrong with `name` under `path` against what its marker recorded (`{"size": ...,
-    "crc32": ...}`), or None."""
-    if not isinstance(recorded, dict) or not isinstance(recorded.get("size"), int):
-        return f"no recorded size for {name}"
-    problem = size_problem(path, name, recorded["size"])
-    if problem is not None:
-        return f"{problem} (truncated or replaced)"
-    if check_crc and recorded.get("crc32") is not None:
-        crc = file_crc32(path / name)
-        if crc != recorded["crc32"]:
-            return f"{name} has CRC32 {crc}, its marker says {recorded['crc32']} (corrupt)"
-    return None
-
-
-def size_problem(path: Path, name: str, size: int) -> str | None:
-    """Whether `name` under `path` is missing or of another size than its marker's `size`; None
-    when it is there at that size. The framework integrations' markers record sizes alone."""
-    try:
-        found = (path / name).stat().st_size
-    except OSError:
-        return f"{name} is missing"
-    return None if found == size else f"{name} has {found} bytes, its marker says {size}"
+def rank_part_problems(path: Path, rank: int, attempt: str) -> list[str]:
+    """Why `rank`'s part of the checkpoint in `path` is not complete for `attempt` (empty: it is)."""
+    return problems(path, STORE, [rank_marker(rank, SHARED_FILE)], attempt=attempt)
 
 
 def read_json(path: Path) -> Any:

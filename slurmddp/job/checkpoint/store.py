@@ -21,15 +21,15 @@ from typing import TYPE_CHECKING, Any, cast
 from slurmddp.errors import CheckpointError
 from slurmddp.experiment.schema import Checkpoint
 from slurmddp.files import fsync_dir, write_atomic, write_json
+from slurmddp.job.checkpoint.completeness import file_problem, newest_complete
 from slurmddp.job.checkpoint.integrity import (
     FORMAT,
     META_FILE,
     SHARED_FILE,
     checkpoint_problems,
-    file_problem,
     marker_name,
-    marker_problems,
     rank_file_name,
+    rank_part_problems,
     read_json,
     step_dir_name,
     step_dirs,
@@ -266,10 +266,7 @@ class CheckpointStore:
             return True
         if meta.get("attempt") == self.attempt:
             # This attempt's rank 0 got here first; skip only a part this rank already wrote.
-            mine = read_json(path / marker_name(self.rank))
-            if isinstance(mine, dict) and mine.get("attempt") == self.attempt:
-                return marker_problems(path, self.rank, mine, self.attempt, check_crc=False) != []
-            return True
+            return rank_part_problems(path, self.rank, self.attempt) != []
         problems = checkpoint_problems(path, step, None, check_crc=False)
         if not problems:
             log.info(
@@ -290,18 +287,18 @@ class CheckpointStore:
 
         Sizes are checked always; with `verify_checksums` every file of every rank is read and its
         CRC32 checked too (the same answer on every rank, at the cost of reading everything)."""
-        for step, path in step_dirs(self.root):
-            if before is not None and step >= before:
-                continue
-            problems = checkpoint_problems(path, step, None, check_crc=verify_checksums)
-            if problems:
-                log.warning("skipping checkpoint %s: %s", path, "; ".join(problems))
-                continue
-            meta = cast(dict[str, Any], read_json(path / META_FILE))
-            return CheckpointInfo(
-                step=step, path=path, world_size=int(meta["world_size"]), written_at=float(meta["time"])
-            )
-        return None
+        steps = {path: step for step, path in step_dirs(self.root) if before is None or step < before}
+        found, skipped = newest_complete(
+            steps, lambda path: checkpoint_problems(path, steps[path], None, check_crc=verify_checksums)
+        )
+        for path, problems in skipped:
+            log.warning("skipping checkpoint %s: %s", path, "; ".join(problems))
+        if found is None:
+            return None
+        meta = cast(dict[str, Any], read_json(found / META_FILE))
+        return CheckpointInfo(
+            step=steps[found], path=found, world_size=int(meta["world_size"]), written_at=float(meta["time"])
+        )
 
     def load(
         self, info: CheckpointInfo, *, verify_checksums: bool = True
