@@ -28,25 +28,26 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from slurmddp.cluster import hostlist, slurm
-from slurmddp.defaults import EXIT_FINISHED, EXIT_RESTART_IN_JOB, LOCAL_REQUEUE_STATUS, RequeueReason
+from slurmddp.defaults import EXIT_FINISHED, EXIT_RESTART_IN_JOB
 from slurmddp.files import write_atomic
 from slurmddp.job.allocation.requeue import (
     Decision,
     FailedNodes,
+    Local,
     PartitionNodes,
     PreemptTime,
     Settings,
     TimeLeft,
     decide,
+    decide_local,
     leave_out_failed_nodes,
     progress_step,
     requeue_target,
-    signature,
     step_hosts,
 )
 from slurmddp.rundir import records, watchkey
 from slurmddp.rundir.layout import STEP_HOSTS
-from slurmddp.rundir.records import CANCELLED, AttemptId, Begin, End, Exclusions, Failure, Interrupt, Stop
+from slurmddp.rundir.records import CANCELLED, AttemptEvent, AttemptId, Begin, End, Exclusions
 
 
 def begin(
@@ -64,20 +65,7 @@ def begin(
         print(f"slurmddp: this run already ended ({final.message}); not starting again", file=sys.stderr)
         return EXIT_FINISHED
     started = len(records.begins(events))
-    era = records.current(events)
-    if len(records.begins(era)) > len(records.ends(era)):
-        # The previous attempt's batch script was killed before it could say how it ended
-        # (e.g. preempted past GraceTime): Slurm requeued it by itself.
-        killed = End(
-            "killed",
-            progress_step(run_dir),
-            now,
-            requeue=True,
-            final=False,
-            message="the batch script was killed before the attempt ended",
-            attempt=started - 1,
-        )
-        records.append_attempt(run_dir, killed)
+    _record_killed(run_dir, events, now)
     leave_out_failed_nodes(run_dir, env, now, failed_nodes, partition_nodes)
     me = AttemptId.from_env(env)
     settings = Settings.of_run(run_dir)
@@ -107,6 +95,24 @@ def begin(
     # it existed may be told it is missing for a while (NFS caches the answer).
     watchkey.run_key(run_dir)
     return 0
+
+
+def _record_killed(run_dir: Path, events: list[AttemptEvent], now: float) -> None:
+    """Record the end of the previous attempt where it has none."""
+    era = records.current(events)
+    if len(records.begins(era)) > len(records.ends(era)):
+        # The previous attempt's batch script was killed before it could say how it ended
+        # (e.g. preempted past GraceTime): Slurm requeued it by itself.
+        killed = End(
+            "killed",
+            progress_step(run_dir),
+            now,
+            requeue=True,
+            final=False,
+            message="the batch script was killed before the attempt ended",
+            attempt=len(records.begins(events)) - 1,
+        )
+        records.append_attempt(run_dir, killed)
 
 
 def _requeue_without(bad: set[str], env: Mapping[str, str], why: str) -> int:
@@ -168,29 +174,42 @@ def end(
         decision = decide(
             run_dir, status, env, settings, preempt_time, time_left, partition_nodes, failed_nodes
         )
-        attempt = max(0, len(records.begins(events)) - 1)
-        if decision.leave_out or decision.set_aside:
-            excluded = Exclusions.read(run_dir).adding(decision.leave_out, attempt, now)
-            excluded.setting_aside(decision.set_aside, attempt, now, me.allocation).write(run_dir)
-        ended = End(
-            decision.reason,
-            decision.step,
-            now,
-            requeue=decision.requeue,
-            final=not decision.requeue,
-            message=decision.message,
-            attempt=attempt,
-            status=status,
-            attempt_id=me,
-            in_job=decision.in_job,
-            signature=decision.signature,
-        )
-        records.append_attempt(run_dir, ended)
+        _record_end(run_dir, events, me, status, decision, now)
         print(f"slurmddp: attempt ended: {decision.message}", file=sys.stderr)
     if decision.in_job:
         return EXIT_RESTART_IN_JOB
     if not decision.requeue:
         return 0 if decision.reason == "completed" else 1
+    return _requeue(run_dir, env, settings)
+
+
+def _record_end(
+    run_dir: Path, events: list[AttemptEvent], me: AttemptId, status: int, decision: Decision, now: float
+) -> End:
+    """Record how attempt `me` ended, and the hosts its decision leaves out or sets aside."""
+    attempt = max(0, len(records.begins(events)) - 1)
+    if decision.leave_out or decision.set_aside:
+        excluded = Exclusions.read(run_dir).adding(decision.leave_out, attempt, now)
+        excluded.setting_aside(decision.set_aside, attempt, now, me.allocation).write(run_dir)
+    ended = End(
+        decision.reason,
+        decision.step,
+        now,
+        requeue=decision.requeue,
+        final=not decision.requeue,
+        message=decision.message,
+        attempt=attempt,
+        status=status,
+        attempt_id=me,
+        in_job=decision.in_job,
+        signature=decision.signature,
+    )
+    records.append_attempt(run_dir, ended)
+    return ended
+
+
+def _requeue(run_dir: Path, env: Mapping[str, str], settings: Settings) -> int:
+    """scontrol requeue, leaving out the hosts the run leaves out for good."""
     target = requeue_target(env)
     # Those left out for good, not this allocation's suspects: the next allocation may hold them.
     found = set(Exclusions.read(run_dir).hosts)
@@ -226,67 +245,9 @@ def end_local(run_dir: Path, attempt: AttemptId, status: int, now: float) -> End
         return None
     if any(e.attempt_id == attempt for e in records.ends(events)):
         return None
-    decision = decide_local(run_dir, attempt, status, records.current(events))
-    ended = End(
-        decision.reason,
-        decision.step,
-        now,
-        requeue=decision.requeue,
-        final=not decision.requeue,
-        message=decision.message,
-        attempt=max(0, len(records.begins(events)) - 1),
-        status=status,
-        attempt_id=attempt,
-        signature=decision.signature,
-    )
-    records.append_attempt(run_dir, ended)
-    return ended
-
-
-def decide_local(run_dir: Path, attempt: AttemptId, status: int, era: list[records.AttemptEvent]) -> Decision:
-    """How a local attempt ended. The local controller starts the ranks again only after a stop
-    (a rank leaving with LOCAL_REQUEUE_STATUS), never after a failure, and at most LOCAL_STARTS
-    times; a stop's requeue budget is the run's, as on Slurm."""
-    stop = Stop.read_for(run_dir, attempt)
-    if records.completed_by(run_dir, attempt) or (status == 0 and stop is None):
-        return Decision("completed", progress_step(run_dir), False, "completed")
-    if status != LOCAL_REQUEUE_STATUS or stop is None:
-        failure = Failure.read_for(run_dir, attempt)
-        step = failure.step if failure is not None else progress_step(run_dir)
-        where = f" at step {step}" if step is not None else ""
-        error = f": {failure.error}" if failure is not None else f" (rank 0 left with status {status})"
-        message = f"failure{where}{error}; a local run is not retried"
-        # Recorded as on Slurm, for whoever reads the run: what failed, not only that it did.
-        return Decision("failure", step, False, message, signature=signature(failure, status, step))
-    reason, why = _local_reason(run_dir, attempt, stop)
-    allowed = Settings.of_run(run_dir).budget(reason)
-    used = sum(1 for e in records.ends(era) if e.reason == reason) + 1
-    where = f" at step {stop.step}" if stop.step is not None else ""
-    if allowed >= 0 and used > allowed:
-        spent = f"{reason} budget spent ({used - 1} requeues of {allowed} allowed){why}"
-        return Decision(reason, stop.step, False, spent)
-    if attempt.restart_count + 1 >= LOCAL_STARTS:
-        return Decision(
-            reason,
-            stop.step,
-            False,
-            f"{reason}{where}{why}; submitit's local executor starts a job at most {LOCAL_STARTS} "
-            "times: not restarting",
-        )
-    budget = "unlimited" if allowed < 0 else str(allowed)
-    return Decision(reason, stop.step, True, f"{reason}{where}{why}; requeue {used} (budget {budget})")
-
-
-def _local_reason(run_dir: Path, attempt: AttemptId, stop: Stop) -> tuple[RequeueReason, str]:
-    """`slurmddp interrupt` names the reason itself; otherwise the stop signal of submitit's local
-    controller is its time limit, and any other (a TERM from outside slurmddp) stands for a
-    preemption."""
-    forced = Interrupt.read_for(run_dir, attempt)
-    if forced is not None:
-        return forced.reason, ""
-    if stop.signal == LOCAL_TIME_SIGNAL:
-        return "timeout", ""
-    return "preemption", f" ({stop.signal} from outside slurmddp)"
+    controller = Local(LOCAL_STARTS, LOCAL_TIME_SIGNAL)
+    decision = decide_local(run_dir, attempt, status, records.current(events), controller)
+    return _record_end(run_dir, events, attempt, status, decision, now)
 
 
 def main(argv: list[str]) -> int:

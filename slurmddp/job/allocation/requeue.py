@@ -1,6 +1,24 @@
-"""The requeue policy: why an attempt ended, whether its budget allows another, and which nodes the
-next attempt leaves out. It reads the run's records (rundir/records.py) and its settings, the typed
-`requeue` and `resources` sections of the run's config.yaml, loaded once per decision."""
+"""The requeue policy: how an attempt ended and whether the run goes around again, as rules read top
+to bottom; the first that decides wins. Recovery is a ladder, cheapest first: a new srun step in the
+same allocation, then the queue (without the nodes found bad), then a final reason in plain words.
+
+    completed             every rank returned (result.json), or they ended 0 without a stop: final
+    local_failure         a failure of a local run (its controller never starts one again): final
+    refused_retry         a failure that refuses a retry (a failed preflight), no node to blame: final
+    same_step_twice       a crash at the step of the failure before it, no node to blame: final
+    same_failure_twice    the failure before it again (`signature`), no step gained: final
+    nodes_needed          bad nodes for the queue to leave out that the job cannot run without: final
+    restart_on_spare      a bad or suspected node, a spare for it, restarts left: a new step on the spare
+    restart_in_job        nothing to leave out, restarts without progress left: a new step in place
+    budget_spent          the requeue budget of the reason (preemption, timeout, failure) spent: final
+    last_start            the scheduler starts the job no more (LOCAL_STARTS of a local run): final
+    through_the_queue     otherwise: requeued, leaving out the nodes found bad
+
+What happened (`Outcome`) is read from the run's records (rundir/records.py), its settings (the
+typed `requeue` and `resources` sections of its config.yaml, loaded once per decision) and its
+scheduler: Slurm (squeue, the accounting, sinfo: asked only where a rule needs them) or submitit's
+local controller (no squeue, no spare nodes, a limit of starts). Both go through the same rules.
+"""
 
 from __future__ import annotations
 
@@ -9,18 +27,19 @@ import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any, TypeVar
 
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from slurmddp import yamlio
 from slurmddp.cluster import hostlist, slurm
-from slurmddp.defaults import EndReason, RequeueReason
+from slurmddp.defaults import LOCAL_REQUEUE_STATUS, EndReason, RequeueReason
 from slurmddp.errors import ConfigError
 from slurmddp.experiment.schema import Requeue, Resources
 from slurmddp.rundir import records
+from slurmddp.rundir.config import read_config
 from slurmddp.rundir.layout import CONFIG
 from slurmddp.rundir.records import AttemptId, Begin, End, Exclusions, Failure, Interrupt, Stop
 
@@ -52,7 +71,7 @@ class Settings:
         by the schema. Not the whole experiment: its checks include what this Python can import
         (trackers.mlflow needs mlflow), and the batch script may run outside the ranks' container."""
         path = run_dir / CONFIG
-        config = yamlio.load(path.read_text())
+        config = read_config(run_dir)
         if not isinstance(config, dict):
             config = {}
         return cls(_section(Requeue, config, "requeue", path), _section(Resources, config, "resources", path))
@@ -102,6 +121,448 @@ class Decision:
     in their place, and a requeue may give them ranks again."""
 
 
+@dataclass(frozen=True)
+class Outcome:
+    """What happened: how one attempt ended, as the rules read it. Each fact is worked out when a
+    rule first asks for it, so the scheduler is asked only what the rules before the deciding one
+    needed, in their order (a completed attempt asks squeue nothing)."""
+
+    run_dir: Path
+    me: AttemptId
+    status: int
+    """srun's exit status (a local run: its rank 0's)."""
+    stop: Stop | None
+    """The attempt's stop record (on Slurm, one made where the stop signal itself ended a rank)."""
+    failure: Failure | None
+    era: list[records.AttemptEvent]
+    """The run's attempt records since its last resubmit."""
+    scheduler: Slurm | Local
+    given_settings: Settings | None = None
+
+    @cached_property
+    def settings(self) -> Settings:
+        # A local run reads them only for a stop's budget: its completion or failure is recorded
+        # whatever its config.yaml holds.
+        return self.given_settings if self.given_settings is not None else Settings.of_run(self.run_dir)
+
+    @property
+    def history(self) -> list[End]:
+        return records.ends(self.era)
+
+    @cached_property
+    def completed(self) -> bool:
+        # result.json of this attempt: every rank returned from the function (rank 0 wrote it after
+        # gathering their results). That is completion, whatever status srun then reported.
+        return (self.stop is None and self.status == 0) or records.completed_by(self.run_dir, self.me)
+
+    @cached_property
+    def stopped_for(self) -> tuple[RequeueReason, str] | None:
+        """Why the ranks were told to stop, with words for the record where it is not what the
+        signal alone suggests; None where no stop ended the attempt (a crash came before it).
+        `slurmddp interrupt` names the reason itself."""
+        if self.stop is None or not self.scheduler.stop_ended_it(self, self.stop):
+            return None
+        forced = Interrupt.read_for(self.run_dir, self.me)
+        if forced is not None:
+            return forced.reason, ""
+        return self.scheduler.stop_reason(self, self.stop)
+
+    @property
+    def reason(self) -> RequeueReason:
+        return "failure" if self.stopped_for is None else self.stopped_for[0]
+
+    @property
+    def failed(self) -> bool:
+        return self.reason == "failure"
+
+    @cached_property
+    def step(self) -> int | None:
+        """A stop's step; a failure's (`Slurm.failure_step`, `Local.failure_step`)."""
+        if self.stop is not None and not self.failed:
+            return self.stop.step
+        return self.scheduler.failure_step(self)
+
+    @cached_property
+    def what_failed(self) -> str:
+        return signature(self.failure, self.status, self.step)
+
+    @property
+    def signature(self) -> str | None:
+        """What failed, for the record (`signature`); None for a stop."""
+        return self.what_failed if self.failed else None
+
+    @cached_property
+    def further(self) -> bool:
+        return got_further(self.history, self.step)
+
+    @cached_property
+    def restart(self) -> int:
+        return restart_number(self.history, self.further)
+
+    @property
+    def restarts_left(self) -> bool:
+        return self.restart <= self.settings.requeue.in_job_restarts
+
+    @cached_property
+    def known(self) -> set[str]:
+        return _known(self.run_dir, self.settings, self.me)
+
+    @cached_property
+    def previous(self) -> Begin | None:
+        """The begin of this attempt."""
+        began = records.begins(self.era)
+        return began[-1] if began else None
+
+    @cached_property
+    def down(self) -> dict[str, str]:
+        """The attempt's nodes that Slurm saw go down under it, with why."""
+        return went_down(self.previous, self.known, self.scheduler.failed_nodes) if self.previous else {}
+
+    @cached_property
+    def confirmed(self) -> dict[str, str]:
+        """Hosts confirmed bad in this attempt, with why: those its ranks found broken and those
+        that went down under it."""
+        found = (self.failure and self.failure.bad_hosts) or {}
+        return {**{h: r for h, r in found.items() if h not in self.known}, **self.down}
+
+    @cached_property
+    def set_aside(self) -> dict[str, str]:
+        """Suspects, with why, set aside for this allocation.
+
+        Suspects are left out only onto a spare, and only for this allocation: the evidence is the
+        ranks' (deaths together, a hang's culprit, as likely the code's), not Slurm's or a check's.
+        Without a spare, the same nodes again beat going through the queue for a node that may well
+        be sound, and the next allocation may hold them again."""
+        suspected = (self.failure and self.failure.suspect_hosts) or {}
+        suspected = {h: r for h, r in suspected.items() if h not in self.known}
+        if self.confirmed or not suspected or not self.restarts_left or not self.spares_for(suspected):
+            return {}
+        return suspected
+
+    @property
+    def leaving_out(self) -> dict[str, str]:
+        return self.confirmed or self.set_aside
+
+    def spares_for(self, hosts: Mapping[str, str]) -> list[str] | None:
+        """The spares the next step trains on in place of `hosts` (`spare_hosts`)."""
+        previous = self.previous.nodes if self.previous else ""
+        return spare_hosts(self.scheduler.env, self.settings, self.known | set(hosts), previous)
+
+    @property
+    def on_spare(self) -> bool:
+        """The nodes left out can be, for a restart in this allocation."""
+        return self.spares_for(self.leaving_out) is not None and self.restarts_left
+
+    @cached_property
+    def why(self) -> str:
+        """Words for the record: what the stop was, or what failed and what is left out."""
+        why = self.stopped_for[1] if self.stopped_for else ""
+        if not self.failed:
+            return why
+        if self.failure and self.failure.cause:
+            why = f" ({self.failure.cause})"
+        if self.down:
+            # A node failure, not srun ending the ranks after a crash, whatever the ranks saw.
+            why = f" ({'; '.join(f'{host} {text}' for host, text in sorted(self.down.items()))})"
+        elif self.set_aside and not (self.failure and self.failure.cause):
+            # A hang's cause names its culprits already.
+            why = f" ({'; '.join(f'{host}: {text}' for host, text in sorted(self.set_aside.items()))})"
+        return why + self.leaving_out_text
+
+    @property
+    def leaving_out_text(self) -> str:
+        if not self.leaving_out:
+            return ""
+        lasting = "" if self.confirmed else " for this allocation"
+        return f"; leaving out {', '.join(sorted(self.leaving_out))}{lasting}"
+
+    @property
+    def requeues(self) -> int:
+        """Which requeue for this reason the next would be."""
+        return sum(1 for r in self.history if r.reason == self.reason and not r.in_job) + 1
+
+
+@dataclass(frozen=True)
+class Slurm:
+    """What Slurm says of the job and does with it: squeue, the accounting and sinfo, asked only
+    where a rule needs them (parameters for tests)."""
+
+    env: Mapping[str, str]
+    preempt_time: PreemptTime
+    time_left: TimeLeft = slurm.time_left
+    partition_nodes: PartitionNodes = slurm.partition_nodes
+    failed_nodes: FailedNodes = slurm.failed_nodes
+    restarts_failures = True
+    """A failed attempt goes around again, in the allocation or through the queue."""
+    starts = None
+    """No limit of starts."""
+
+    def stop_ended_it(self, outcome: Outcome, stop: Stop) -> bool:
+        """The stop came before any crash, or the stop signal itself ended a rank
+        (`stop_signal_death`), whatever a rank recorded after it (rank 0 hears that rank end
+        without a word)."""
+        killed = stop_signal_death(outcome.status, outcome.settings) is not None
+        return killed or not _crashed_first(outcome.failure, stop)
+
+    def stop_reason(self, outcome: Outcome, stop: Stop) -> tuple[RequeueReason, str]:
+        """Why the ranks were told to stop, from what Slurm says, not from elapsed time.
+
+        slurmctld sets a job's PreemptTime when it picks the job for preemption (seen on 22.05.8); a
+        job signalled for its time limit has none, and has at most the signal's lead (Slurm may send
+        it up to 60 s early) left when the signal came. A stop with neither is srun ending the other
+        ranks after one died without a word (killed, out of memory, a segfault): a failure. But not
+        where the stop signal itself killed a rank (`stop_signal_death`): srun sends no such signal,
+        so it came from outside slurmddp, which counts as a preemption (as in a local run)."""
+        job = requeue_target(self.env) or self.env.get("SLURM_JOB_ID", "")
+        if self.preempt_time(job) is not None:
+            return "preemption", ""
+        left = self.time_left(job)
+        if left is None:
+            return "timeout", ""
+        signalled = stop.signal_at or stop.time or time.time()
+        left_at_signal = left + max(0.0, time.time() - signalled)
+        lead = outcome.settings.requeue.signal_lead_s
+        if left_at_signal <= lead + SLURM_SIGNAL_EARLY_S + SIGNAL_SLACK_S:
+            return "timeout", ""
+        if stop_signal_death(outcome.status, outcome.settings) is not None:
+            return "preemption", (
+                f" ({stop.signal} ended a rank with {left_at_signal:.0f} s of the time limit left and no "
+                "preemption: a stop from outside slurmddp)"
+            )
+        return "failure", (
+            f" ({stop.signal} with {left_at_signal:.0f} s of the time limit left and no "
+            "preemption: srun ending the other ranks after one died)"
+        )
+
+    def failure_step(self, outcome: Outcome) -> int | None:
+        """The crash's step; without a crash record, or with one that has no step (a rank killed
+        without a word), the step this attempt reached: one that died before its first step (a node
+        gone under its start) did not crash where the attempt before it did."""
+        failure = outcome.failure
+        if failure is not None and failure.step is not None:
+            return failure.step
+        return progress_step(outcome.run_dir, outcome.me)
+
+
+@dataclass(frozen=True)
+class Local:
+    """submitit's local controller: it starts the ranks again only after a stop (a rank leaving with
+    LOCAL_REQUEUE_STATUS), never after a failure, and at most `starts` times; it sends
+    `time_signal` before the time limit. No squeue, no node accounting, no spare nodes."""
+
+    starts: int
+    time_signal: str
+    restarts_failures = False
+    env: Mapping[str, str] = field(default_factory=dict)
+    """No Slurm variables: no allocation to take a spare from."""
+
+    def stop_ended_it(self, outcome: Outcome, stop: Stop) -> bool:
+        """Rank 0 left with LOCAL_REQUEUE_STATUS after the stop, not with a crash's."""
+        return outcome.status == LOCAL_REQUEUE_STATUS
+
+    def stop_reason(self, outcome: Outcome, stop: Stop) -> tuple[RequeueReason, str]:
+        """The stop signal of the local controller is its time limit, and any other (a TERM from
+        outside slurmddp) stands for a preemption."""
+        if stop.signal == self.time_signal:
+            return "timeout", ""
+        return "preemption", f" ({stop.signal} from outside slurmddp)"
+
+    def failure_step(self, outcome: Outcome) -> int | None:
+        """The crash's step (None where it had none), or without a crash record the run's newest."""
+        return outcome.failure.step if outcome.failure is not None else progress_step(outcome.run_dir)
+
+    @staticmethod
+    def failed_nodes(nodes: list[str], since: float) -> dict[str, str]:
+        """No node accounting."""
+        return {}
+
+    @staticmethod
+    def partition_nodes(partition: str) -> int | None:
+        """No partition."""
+        return None
+
+
+Rule = Callable[[Outcome], Decision | None]
+"""A rule: the decision for what happened, or None where it is another rule's to decide."""
+
+
+def completed(outcome: Outcome) -> Decision | None:
+    """Every rank returned, or the ranks ended 0 without a stop: final."""
+    if not outcome.completed:
+        return None
+    return Decision("completed", progress_step(outcome.run_dir), False, "completed")
+
+
+def local_failure(outcome: Outcome) -> Decision | None:
+    """A failure the scheduler never starts again (submitit's local controller): final. Recorded
+    as on Slurm, for whoever reads the run: what failed, not only that it did."""
+    if not outcome.failed or outcome.scheduler.restarts_failures:
+        return None
+    failure = outcome.failure
+    error = f": {failure.error}" if failure is not None else f" (rank 0 left with status {outcome.status})"
+    message = f"failure{_at(outcome.step)}{error}; a local run is not retried"
+    return Decision("failure", outcome.step, False, message, signature=outcome.signature)
+
+
+def refused_retry(outcome: Outcome) -> Decision | None:
+    """A failure whose record refuses a retry (a refused pickle, a failed preflight) and names no
+    node to blame: the same job would fail the same way; final."""
+    if not outcome.failed or outcome.confirmed:
+        return None
+    if outcome.failure is None or outcome.failure.retry is not False:
+        return None
+    message = f"{outcome.failure.error}: not retrying"
+    return Decision("failure", outcome.step, False, message, signature=outcome.signature)
+
+
+def same_step_twice(outcome: Outcome) -> Decision | None:
+    """A crash at the step the failure before it crashed at, with no node to blame: final."""
+    if not outcome.failed or outcome.confirmed or outcome.step is None:
+        return None
+    earlier = [end for end in outcome.history if end.reason == "failure"]
+    if not earlier or earlier[-1].step != outcome.step:
+        return None
+    message = f"crashed at step {outcome.step} twice in a row: not retrying"
+    return Decision("failure", outcome.step, False, message, signature=outcome.signature)
+
+
+def same_failure_twice(outcome: Outcome) -> Decision | None:
+    """The same failure as the attempt before (`repeats`), no step gained: final.
+
+    Also where this attempt's ranks blame a node, or the one before left one out: the same failure
+    on other nodes is the code's. Not where Slurm saw a node go down under this attempt (its own
+    word, not the ranks'), nor after a preflight that named a node (it refuses every retry but one
+    without that node)."""
+    if not outcome.failed or outcome.down:
+        return None
+    refuses = outcome.failure is not None and outcome.failure.retry is False
+    if refuses or not repeats(outcome.history, outcome.what_failed, outcome.further):
+        return None
+    message = f"the same failure twice in a row ({outcome.what_failed}): not retrying"
+    return Decision("failure", outcome.step, False, message, signature=outcome.signature)
+
+
+def nodes_needed(outcome: Outcome) -> Decision | None:
+    """Bad nodes the queue is to leave out (no spare, or no restarts left here) that the job
+    cannot run without (`cannot_leave_out`): final."""
+    if not outcome.failed or not outcome.leaving_out or outcome.on_spare:
+        return None
+    # Confirmed hosts only (a suspect is set aside only onto a spare): the requeued job runs
+    # without them and those left out for good, not this allocation's suspects.
+    scheduler, settings = outcome.scheduler, outcome.settings
+    known = _known(outcome.run_dir, settings)
+    refused = cannot_leave_out(outcome.leaving_out, known, scheduler.env, settings, scheduler.partition_nodes)
+    if refused is None:
+        return None
+    message = f"{outcome.failure and outcome.failure.error}: {refused}"
+    return Decision("failure", outcome.step, False, message, signature=outcome.signature)
+
+
+def restart_on_spare(outcome: Outcome) -> Decision | None:
+    """Nodes to leave out (bad, or suspected), spares to take their place and restarts left: a new
+    step of this allocation, on the spares. Neither a broken node's failure nor the same step is
+    final (the same failure is, above)."""
+    if not outcome.failed or not outcome.leaving_out or not outcome.on_spare:
+        return None
+    spares = outcome.spares_for(outcome.leaving_out)
+    on = f"{', '.join(spares)} instead" if spares else "the nodes left"
+    message = f"failure{_at(outcome.step)}{outcome.why}; {_restart_text(outcome)} on {on}"
+    if outcome.confirmed:
+        return Decision(
+            "failure",
+            outcome.step,
+            True,
+            message,
+            outcome.confirmed,
+            in_job=True,
+            signature=outcome.signature,
+        )
+    return Decision(
+        "failure",
+        outcome.step,
+        True,
+        message,
+        in_job=True,
+        signature=outcome.signature,
+        set_aside=outcome.set_aside,
+    )
+
+
+def restart_in_job(outcome: Outcome) -> Decision | None:
+    """Nothing to leave out and restarts without progress left (`restart_number`): a new step of
+    this allocation.
+
+    Only restarts that bought nothing count against requeue.in_job_restarts: a long run on flaky
+    hardware that gets further between crashes keeps its allocation however many crashes it has,
+    and the queue is for what keeps failing in one. The count goes on across requeues, so a failure
+    that keeps coming back gets in_job_restarts + 1 attempts plus max_failures requeues in all, not
+    in_job_restarts + 1 in each allocation."""
+    if not outcome.failed or outcome.leaving_out or not outcome.restarts_left:
+        return None
+    # The allocation itself is sound (no node to leave out, no preemption or time limit): a new
+    # srun step costs seconds, the queue minutes or hours.
+    message = f"failure{_at(outcome.step)}{outcome.why}; {_restart_text(outcome)}"
+    return Decision("failure", outcome.step, True, message, in_job=True, signature=outcome.signature)
+
+
+def budget_spent(outcome: Outcome) -> Decision | None:
+    """The requeue budget of the reason (requeue.max_preemptions, max_timeouts, max_failures) is
+    spent: final."""
+    allowed = outcome.settings.budget(outcome.reason)
+    used = outcome.requeues
+    if allowed < 0 or used <= allowed:
+        return None
+    spent = f"{outcome.reason} budget spent ({used - 1} requeues of {allowed} allowed){outcome.why}"
+    return Decision(outcome.reason, outcome.step, False, spent, signature=outcome.signature)
+
+
+def last_start(outcome: Outcome) -> Decision | None:
+    """The scheduler starts the job no more (submitit's local controller, LOCAL_STARTS): final."""
+    starts = outcome.scheduler.starts
+    if starts is None or outcome.me.restart_count + 1 < starts:
+        return None
+    message = (
+        f"{outcome.reason}{_at(outcome.step)}{outcome.why}; submitit's local executor starts a job at most "
+        f"{starts} times: not restarting"
+    )
+    return Decision(outcome.reason, outcome.step, False, message, signature=outcome.signature)
+
+
+def through_the_queue(outcome: Outcome) -> Decision:
+    """Requeued within the reason's budget, leaving out the hosts found bad (for the rest of the run:
+    requeues and resubmits included)."""
+    budget = _budget_text(outcome.settings.budget(outcome.reason))
+    message = (
+        f"{outcome.reason}{_at(outcome.step)}{outcome.why}; requeue {outcome.requeues} (budget {budget})"
+    )
+    leave_out = outcome.confirmed if outcome.failed else {}
+    return Decision(outcome.reason, outcome.step, True, message, leave_out, signature=outcome.signature)
+
+
+RULES: tuple[Rule, ...] = (
+    completed,
+    local_failure,
+    refused_retry,
+    same_step_twice,
+    same_failure_twice,
+    nodes_needed,
+    restart_on_spare,
+    restart_in_job,
+    budget_spent,
+    last_start,
+)
+"""The rules, in order; where none decides, the attempt goes `through_the_queue`."""
+
+
+def first_decision(outcome: Outcome) -> Decision:
+    """The decision of the first rule that decides."""
+    for rule in RULES:
+        decision = rule(outcome)
+        if decision is not None:
+            return decision
+    return through_the_queue(outcome)
+
+
 def decide(
     run_dir: Path,
     status: int,
@@ -112,7 +573,7 @@ def decide(
     partition_nodes: PartitionNodes = slurm.partition_nodes,
     failed_nodes: FailedNodes = slurm.failed_nodes,
 ) -> Decision:
-    """How this attempt ended and whether the job goes around again.
+    """How this attempt of a Slurm job ended and whether the job goes around again (`RULES`).
 
     srun's status 128 + the stop signal (140 for USR2) means the signal itself ended a rank, one
     that had no handler yet (a task still starting): Slurm asked the job to stop (seen on 22.05
@@ -123,142 +584,29 @@ def decide(
     stop = Stop.read_for(run_dir, me)
     failure = Failure.read_for(run_dir, me)
     era = records.current(records.read_attempts(run_dir))
-    history = records.ends(era)
-    # result.json of this attempt: every rank returned from the function (rank 0 wrote it after
-    # gathering their results). That is completion, whatever status srun then reported.
-    if (stop is None and status == 0) or records.completed_by(run_dir, me):
-        return Decision("completed", progress_step(run_dir), False, "completed")
     killed_by = stop_signal_death(status, settings)
     if killed_by is not None and stop is None:
         stop = Stop(progress_step(run_dir), killed_by, None, me, time.time())
-    why = ""
-    if stop is not None and (killed_by is not None or not _crashed_first(failure, stop)):
-        reason, why = _classify(
-            run_dir, me, env, stop, settings, preempt_time, time_left, killed=killed_by is not None
-        )
-        if reason != "failure":
-            return _requeue(reason, stop.step, why, history, settings)
-    return _failed(run_dir, me, status, env, failure, era, settings, why, partition_nodes, failed_nodes)
+    scheduler = Slurm(env, preempt_time, time_left, partition_nodes, failed_nodes)
+    return first_decision(Outcome(run_dir, me, status, stop, failure, era, scheduler, settings))
 
 
-def _failed(
-    run_dir: Path,
-    me: AttemptId,
-    status: int,
-    env: Mapping[str, str],
-    failure: Failure | None,
-    era: list[records.AttemptEvent],
-    settings: Settings,
-    why: str,
-    partition_nodes: PartitionNodes,
-    failed_nodes: FailedNodes,
+def decide_local(
+    run_dir: Path, attempt: AttemptId, status: int, era: list[records.AttemptEvent], controller: Local
 ) -> Decision:
-    """A failed attempt: final when it repeats what failed before (the same step, or the same
-    failure with no step gained: see `signature`), else a restart in the allocation while its
-    restarts without progress last, else a requeue, leaving out the nodes found bad.
-
-    Only restarts that bought nothing count against requeue.in_job_restarts (`restart_number`): a
-    long run on flaky hardware that gets further between crashes keeps its allocation however many
-    crashes it has, and the queue is for what keeps failing in one. The count goes on across
-    requeues, so a failure that keeps coming back gets in_job_restarts + 1 attempts plus
-    max_failures requeues in all, not in_job_restarts + 1 in each allocation."""
-    # Without a crash record, or with one that has no step (a rank killed without a word), the
-    # step this attempt reached: one that died before its first step (a node gone under its
-    # start) did not crash where the attempt before it did.
-    step = failure.step if failure and failure.step is not None else progress_step(run_dir, me)
-    history = records.ends(era)
-    what = signature(failure, status, step)
-    further = got_further(history, step)
-    restart = restart_number(history, further)
-    restarts = settings.requeue.in_job_restarts
-    if failure and failure.cause:
-        why = f" ({failure.cause})"
-    known = _known(run_dir, settings, me)
-    found = {h: r for h, r in ((failure and failure.bad_hosts) or {}).items() if h not in known}
-    began = records.begins(era)
-    previous = began[-1].nodes if began else ""
-    down = went_down(began[-1], known, failed_nodes) if began else {}
-    if down:
-        # A node failure, not srun ending the ranks after a crash, whatever the ranks saw.
-        why = f" ({'; '.join(f'{host} {text}' for host, text in sorted(down.items()))})"
-        found = {**found, **down}
-    if not found and failure is not None and failure.retry is False:
-        return Decision("failure", step, False, f"{failure.error}: not retrying", signature=what)
-    earlier = [r for r in history if r.reason == "failure"]
-    if not found and earlier and step is not None and earlier[-1].step == step:
-        message = f"crashed at step {step} twice in a row: not retrying"
-        return Decision("failure", step, False, message, signature=what)
-    # Also where this attempt's ranks blame a node, or the one before left one out: the same
-    # failure on other nodes is the code's. Not where Slurm saw a node go down under this attempt
-    # (its own word, not the ranks'), nor after a preflight that named a node (it refuses every
-    # retry but one without that node).
-    refuses = failure is not None and failure.retry is False
-    if not down and not refuses and repeats(history, what, further):
-        return Decision(
-            "failure", step, False, f"the same failure twice in a row ({what}): not retrying", signature=what
-        )
-    suspected = {h: r for h, r in ((failure and failure.suspect_hosts) or {}).items() if h not in known}
-    confirmed = bool(found)
-    # Suspects are left out only onto a spare, and only for this allocation: the evidence is the
-    # ranks' (deaths together, a hang's culprit, as likely the code's), not Slurm's or a check's.
-    # Without a spare, the same nodes again beat going through the queue for a node that may well
-    # be sound, and the next allocation may hold them again.
-    if (
-        not found
-        and suspected
-        and restart <= restarts
-        and spare_hosts(env, settings, known | set(suspected), previous)
-    ):
-        if not (failure and failure.cause):
-            # A hang's cause names its culprits already.
-            why = f" ({'; '.join(f'{host}: {text}' for host, text in sorted(suspected.items()))})"
-        found = suspected
-    where = f" at step {step}" if step is not None else ""
-    if found:
-        # Another node next time: neither a broken node's failure nor the same step is final
-        # (the same failure is, above).
-        why += f"; leaving out {', '.join(sorted(found))}{'' if confirmed else ' for this allocation'}"
-        spares = spare_hosts(env, settings, known | set(found), previous)
-        if spares is None or restart > restarts:
-            # Confirmed hosts only (a suspect is set aside only onto a spare): the requeued job
-            # runs without them and those left out for good, not this allocation's suspects.
-            refused = cannot_leave_out(found, _known(run_dir, settings), env, settings, partition_nodes)
-            if refused:
-                return Decision(
-                    "failure", step, False, f"{failure and failure.error}: {refused}", signature=what
-                )
-            return _requeue("failure", step, why, history, settings, found, what)
-        on = f"{', '.join(spares)} instead" if spares else "the nodes left"
-        message = f"failure{where}{why}; restart {restart} of {restarts} in this allocation on {on}"
-        if confirmed:
-            return Decision("failure", step, True, message, found, in_job=True, signature=what)
-        return Decision("failure", step, True, message, in_job=True, signature=what, set_aside=found)
-    if restart <= restarts:
-        # The allocation itself is sound (no node to leave out, no preemption or time limit): a
-        # new srun step costs seconds, the queue minutes or hours.
-        message = f"failure{where}{why}; restart {restart} of {restarts} in this allocation"
-        return Decision("failure", step, True, message, in_job=True, signature=what)
-    return _requeue("failure", step, why, history, settings, signature=what)
+    """How `attempt` of a local run ended (`RULES`): `status` is its rank 0's, `era` the run's
+    records since its last resubmit."""
+    stop = Stop.read_for(run_dir, attempt)
+    failure = Failure.read_for(run_dir, attempt)
+    return first_decision(Outcome(run_dir, attempt, status, stop, failure, era, controller))
 
 
-def _requeue(
-    reason: RequeueReason,
-    step: int | None,
-    why: str,
-    history: list[End],
-    settings: Settings,
-    leave_out: dict[str, str] | None = None,
-    signature: str | None = None,
-) -> Decision:
-    """Through the queue, within the reason's budget."""
-    allowed = settings.budget(reason)
-    used = sum(1 for r in history if r.reason == reason and not r.in_job) + 1
-    if allowed >= 0 and used > allowed:
-        spent = f"{reason} budget spent ({used - 1} requeues of {allowed} allowed){why}"
-        return Decision(reason, step, False, spent, signature=signature)
-    where = f" at step {step}" if step is not None else ""
-    message = f"{reason}{where}{why}; requeue {used} (budget {_budget_text(allowed)})"
-    return Decision(reason, step, True, message, leave_out or {}, signature=signature)
+def _at(step: int | None) -> str:
+    return f" at step {step}" if step is not None else ""
+
+
+def _restart_text(outcome: Outcome) -> str:
+    return f"restart {outcome.restart} of {outcome.settings.requeue.in_job_restarts} in this allocation"
 
 
 def signature(failure: Failure | None, status: int, step: int | None) -> str:
@@ -440,53 +788,6 @@ def requeue_target(env: Mapping[str, str]) -> str:
     if env.get("SLURM_ARRAY_JOB_ID") and env.get("SLURM_ARRAY_TASK_ID"):
         return f"{env['SLURM_ARRAY_JOB_ID']}_{env['SLURM_ARRAY_TASK_ID']}"
     return env.get("SLURM_JOB_ID", "")
-
-
-def _classify(
-    run_dir: Path,
-    me: AttemptId,
-    env: Mapping[str, str],
-    stop: Stop,
-    settings: Settings,
-    preempt_time: PreemptTime,
-    time_left: TimeLeft,
-    *,
-    killed: bool = False,
-) -> tuple[RequeueReason, str]:
-    """Why the ranks were told to stop, from what Slurm says, not from elapsed time; with words
-    for the record when it is not what the signal alone suggests.
-
-    slurmctld sets a job's PreemptTime when it picks the job for preemption (seen on 22.05.8); a
-    job signalled for its time limit has none, and has at most the signal's lead (Slurm may send
-    it up to 60 s early) left when the signal came. A stop with neither is srun ending the other
-    ranks after one died without a word (killed, out of memory, a segfault): a failure. But not
-    where the stop signal itself `killed` a rank: srun sends no such signal, so it came from
-    outside slurmddp, which counts as a preemption (as in a local run). `slurmddp interrupt` names
-    the reason itself.
-    """
-    forced = Interrupt.read_for(run_dir, me)
-    if forced is not None:
-        return forced.reason, ""
-    job = requeue_target(env) or env.get("SLURM_JOB_ID", "")
-    if preempt_time(job) is not None:
-        return "preemption", ""
-    left = time_left(job)
-    if left is None:
-        return "timeout", ""
-    signalled = stop.signal_at or stop.time or time.time()
-    left_at_signal = left + max(0.0, time.time() - signalled)
-    lead = settings.requeue.signal_lead_s
-    if left_at_signal <= lead + SLURM_SIGNAL_EARLY_S + SIGNAL_SLACK_S:
-        return "timeout", ""
-    if killed:
-        return "preemption", (
-            f" ({stop.signal} ended a rank with {left_at_signal:.0f} s of the time limit left and no "
-            "preemption: a stop from outside slurmddp)"
-        )
-    return "failure", (
-        f" ({stop.signal} with {left_at_signal:.0f} s of the time limit left and no "
-        "preemption: srun ending the other ranks after one died)"
-    )
 
 
 def _crashed_first(failure: Failure | None, stop: Stop) -> bool:
