@@ -324,6 +324,98 @@ def test_the_attempt_identity_is_spelt_only_in_the_records_module(tmp_path: Path
     assert spelt_keys(modules(tmp_path), "restart_count") == [f"{tmp_path / 'job' / 'loop.py'}:1"]
 
 
+RUNDIR = "slurmddp.rundir"
+"""The run directory's home: its file names and one typed record per file, each with its read."""
+RAW_READS = frozenset(
+    {"json.loads", "json.load", "read_json_object", "files.read_json_object", "yamlio.load"}
+)
+"""What parses a file by hand: the JSON and YAML readers, and the leaf helper the records read with."""
+MANIFEST_NAMES = frozenset({"manifest"})
+"""What a run's or a sweep's manifest is called where it is held: a subscript or a .get() on it is
+a read of its JSON keys by hand."""
+# The modules outside rundir/ that may parse by hand, each because what it parses is no file of a
+# run directory.
+PARSES_OTHER_FILES = (
+    # The leaf helper itself: defines read_json_object, which the records read with.
+    "slurmddp.files",
+    # The user's experiment, profiles and overrides: YAML the user wrote, before any run exists.
+    "slurmddp.experiment.load",
+    # The user's index of submissions, in $XDG_STATE_HOME: shared by all of the user's runs.
+    "slurmddp.manage.index",
+    # The watchdog's settings, handed from the script rank to the script's process in an
+    # environment variable, not in a file.
+    "slurmddp.job.script.scriptrun",
+    # A checkpoint's own markers: the checkpoint store's format, which its own room reads and writes.
+    "slurmddp.job.checkpoint",
+    # The frameworks' checkpoint markers, written and read beside their checkpoints.
+    "slurmddp.integrations",
+)
+
+
+def _within(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+def _reads_by_hand(node: ast.AST) -> bool:
+    """A call of a raw reader, or a manifest's keys read as a mapping's."""
+    if isinstance(node, ast.Call) and ast.unparse(node.func) in RAW_READS:
+        return True
+    if isinstance(node, ast.Subscript):
+        return _names_manifest(node.value)
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get":
+        return _names_manifest(node.func.value)
+    return False
+
+
+def _names_manifest(holder: ast.expr) -> bool:
+    name = (
+        holder.id
+        if isinstance(holder, ast.Name)
+        else holder.attr
+        if isinstance(holder, ast.Attribute)
+        else ""
+    )
+    return name in MANIFEST_NAMES
+
+
+def hand_parsed(known: dict[str, Path]) -> list[str]:
+    """Where a module outside rundir/ (and outside PARSES_OTHER_FILES) parses a file by hand
+    ("file:line")."""
+    found = []
+    for name, path in known.items():
+        if _within(name, RUNDIR) or any(_within(name, other) for other in PARSES_OTHER_FILES):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if _reads_by_hand(node):
+                found.append(f"{path}:{getattr(node, 'lineno', 0)}")
+    return found
+
+
+def test_only_the_run_directory_records_parse_its_files() -> None:
+    """DESIGN.md, "Records and settings": what the run directory holds is read through its typed
+    record (slurmddp/rundir/), never parsed by hand where it is used."""
+    found = hand_parsed(modules())
+    assert found == [], "read it through its record in slurmddp/rundir/ instead:\n" + "\n".join(found)
+
+
+def test_the_hand_parsing_check_can_fail(tmp_path: Path) -> None:
+    for folder in ("manage", "rundir", "experiment"):
+        (tmp_path / folder).mkdir()
+    (tmp_path / "manage" / "runs.py").write_text(
+        "import json\n"
+        "data = json.loads(path.read_text())\n"
+        "jobs = target.manifest['job_id']\n"
+        "name = manifest.get('name')\n"
+        "config = yamlio.load(text)\n"
+        "seen = files.read_json_object(path)\n"
+        "fine = target.manifest.name\n"
+    )
+    (tmp_path / "rundir" / "manifest.py").write_text("import json\ndata = json.loads(text)\n")
+    (tmp_path / "experiment" / "load.py").write_text("loaded = yamlio.load(text)\n")
+    where = tmp_path / "manage" / "runs.py"
+    assert sorted(hand_parsed(modules(tmp_path))) == [f"{where}:{line}" for line in (2, 3, 4, 5, 6)]
+
+
 EXECUTORS = ("local", "slurm")
 EXECUTOR_HOME = PACKAGE / "manage" / "backend.py"
 """The one module of `manage` that knows what differs between the executors."""

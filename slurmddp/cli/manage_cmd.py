@@ -128,7 +128,7 @@ def _status(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(report.status_json(target, rows), indent=2))
     else:
-        print(report.status_table(target, rows, target.manifest.get("metric")))
+        print(report.status_table(target, rows, target.metric))
     return 0
 
 

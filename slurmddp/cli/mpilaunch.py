@@ -6,14 +6,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from slurmddp import yamlio
 from slurmddp.defaults import ALWAYS_STOP_ON, STOP_SIGNAL
 from slurmddp.errors import SlurmddpError
 from slurmddp.experiment.load import load_experiment
-from slurmddp.files import write_atomic
 from slurmddp.job.launch.runtime import run_rank
 from slurmddp.job.process import mpi, signals
-from slurmddp.rundir.layout import CONFIG, new_run_dir
+from slurmddp.rundir.config import write_config
+from slurmddp.rundir.layout import new_run_dir
 from slurmddp.submit import submitter
 from slurmddp.submit.prepare import plan_for
 
@@ -32,7 +31,7 @@ def run(experiment: Path, overrides: list[str]) -> int:
     plan = plan_for(loaded, executor="local", run_dir=run_dir)
     if world.Get_rank() == 0:
         submitter.make_run_dir(run_dir, exp)
-        write_atomic(run_dir / CONFIG, yamlio.dump(loaded.resolved))
+        write_config(run_dir, loaded.resolved)
         print(f"slurmddp: {world.Get_size()} MPI ranks; run dir {run_dir}", flush=True)
     world.Barrier()
     run_rank(plan.rank)

@@ -7,9 +7,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-from slurmddp import yamlio
 from slurmddp.cluster import hostlist, slurm
 from slurmddp.defaults import STOP_SIGNAL, RequeueReason
 from slurmddp.errors import SlurmddpError
@@ -19,7 +17,9 @@ from slurmddp.manage import runs
 from slurmddp.manage.amend import with_exclude
 from slurmddp.manage.runs import RunState
 from slurmddp.rundir import records
+from slurmddp.rundir.config import read_config
 from slurmddp.rundir.layout import CONFIG, PROGRESS
+from slurmddp.rundir.manifest import RunManifest, Submitted
 from slurmddp.rundir.records import (
     CANCELLED,
     End,
@@ -42,7 +42,7 @@ def interrupt(ref: str, reason: RequeueReason, index: int | None = None) -> str:
     which of the two it stands for; returns what was done."""
     target = runs.resolve(ref)
     element = target.element(index)
-    config: Any = yamlio.load((element.dir / CONFIG).read_text())
+    config = read_config(element.dir)
     name = str(config.get("requeue", {}).get("signal", STOP_SIGNAL))
     entrypoint = config.get("entrypoint")
     script = isinstance(entrypoint, dict) and entrypoint.get("function") is None
@@ -70,10 +70,10 @@ def cancel(ref: str, index: int | None = None) -> list[str]:
         records.append_attempt(element.dir, cancelled)
         done.append(element)
     whole_sweep = index is None and target.kind == "sweep"
-    submissions = target.manifest["submissions"] if whole_sweep else ()
+    submissions = target.sweep.submissions if whole_sweep and target.sweep is not None else []
     target.backend.cancel(
         [e.job_id for e in done if e.job_id],
-        array_ids=sorted({str(s["job_id"]) for s in submissions if s["job_id"]}),
+        array_ids=sorted({s.job_id for s in submissions if s.job_id}),
     )
     return [_label(element) for element in done]
 
@@ -104,7 +104,8 @@ def resubmit_failed(ref: str, argv: list[str], forget_exclusions: bool = False) 
     failed = [e for e in target.elements if runs.element_state(target, e, known) in FAILED_STATES]
     if not failed:
         raise SlurmddpError(f"{target.dir}: no failed elements to resubmit")
-    manifest = target.manifest
+    manifest = target.sweep
+    assert manifest is not None  # a target of kind "sweep" is read from its sweep.json
     dirs = [e.dir for e in failed]
     hosts: list[str]
     if forget_exclusions:
@@ -121,9 +122,9 @@ def resubmit_failed(ref: str, argv: list[str], forget_exclusions: bool = False) 
         elements=elements,
         executor=target.executor,
         run_dir=target.dir,
-        workdir=Path(manifest["workdir"]),
-        submission=len(manifest["submissions"]),
-        max_parallel=manifest.get("max_parallel"),
+        workdir=_workdir(target.dir, manifest),
+        submission=len(manifest.submissions),
+        max_parallel=manifest.max_parallel,
     )
     submitter.check_array_size(len(failed), slurm.max_array_size())
     target.backend.check_schedulable(plan)
@@ -162,6 +163,8 @@ def resubmit_run(
             f"{target.dir} is a sweep: `resubmit --failed` submits its failed elements again "
             "(without overrides); a single run takes overrides"
         )
+    manifest = target.manifest
+    assert isinstance(manifest, RunManifest)  # a target of kind "run" is read from its manifest.json
     element = target.elements[0]
     known = target.backend.job_states([element.job_id]) if element.job_id else {}
     state = runs.element_state(target, element, known)
@@ -177,7 +180,7 @@ def resubmit_run(
     changed = check_changes(before.resolved, after.resolved)
     ranks = (before.experiment.resources.world_size, after.experiment.resources.world_size)
     plan = plan_for(
-        after, executor=target.executor, run_dir=target.dir, workdir=Path(target.manifest["workdir"])
+        after, executor=target.executor, run_dir=target.dir, workdir=_workdir(target.dir, manifest)
     )
     target.backend.check_schedulable(plan)
     previous = records.final_end(records.read_attempts(target.dir))
@@ -185,7 +188,7 @@ def resubmit_run(
     # Before the job is submitted: its first attempt may read excluded.json before sbatch returns.
     forgotten = _forget([target.dir]) if forget_exclusions else {}
     try:
-        sub = submitter.resubmit(plan, after, target.manifest, argv)
+        sub = submitter.resubmit(plan, after, manifest, argv)
     except BaseException:
         _put_back(forgotten)
         if previous is not None:
@@ -279,12 +282,23 @@ def _global_batch(run_dir: Path) -> int | None:
     return value if isinstance(value, int) and value > 0 else None
 
 
-def _saved(run_dir: Path, manifest: dict[str, Any], overrides: Sequence[str] = ()) -> Loaded:
+def _saved(run_dir: Path, manifest: Submitted, overrides: Sequence[str] = ()) -> Loaded:
     """The experiment as it was submitted, from the config.yaml saved in `run_dir` (the experiment
     file may have changed since), with `overrides`. Its profile is already merged in."""
     loaded = load_experiment(run_dir / CONFIG, ["profile=null", *overrides])
     # Relative entrypoints are looked up from the experiment's own directory, as at submit time.
-    return dataclasses.replace(loaded, source=Path(manifest["experiment"]))
+    return dataclasses.replace(loaded, source=Path(_named(run_dir, manifest.experiment, "experiment")))
+
+
+def _workdir(run_dir: Path, manifest: Submitted) -> Path:
+    return Path(_named(run_dir, manifest.workdir, "workdir"))
+
+
+def _named(run_dir: Path, value: str | None, key: str) -> str:
+    """A manifest's `key`, which a resubmit needs."""
+    if value is None:
+        raise SlurmddpError(f"{run_dir}: its manifest has no {key!r}; it cannot be resubmitted")
+    return value
 
 
 def last_save_seconds(output_dir: Path, name: str) -> float | None:

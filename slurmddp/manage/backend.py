@@ -22,6 +22,7 @@ from slurmddp.errors import SlurmddpError
 from slurmddp.manage import local_ranks
 from slurmddp.rundir import records
 from slurmddp.rundir.layout import FAILURE, RESULT
+from slurmddp.rundir.manifest import Submitted
 from slurmddp.rundir.records import AttemptId, Interrupt
 from slurmddp.submit import submitter
 from slurmddp.submit.plan import SubmissionPlan
@@ -263,7 +264,7 @@ def for_executor(executor: RunExecutor) -> Backend:
     return _BY_EXECUTOR[executor]
 
 
-def for_manifest(manifest: Mapping[str, object]) -> Backend:
+def for_manifest(manifest: Submitted) -> Backend:
     """A run's backend from its manifest; runs written before manifests named the executor ran
     on Slurm."""
-    return _BY_EXECUTOR.get(str(manifest.get("executor")), SLURM)
+    return _BY_EXECUTOR.get(str(manifest.executor), SLURM)

@@ -94,8 +94,8 @@ def _first_line(text: str) -> str:
 
 
 def workdir(target: runs.Target) -> Path | None:
-    known = target.manifest.get("workdir")
-    return Path(known) if isinstance(known, str) else None
+    known = target.manifest.workdir
+    return Path(known) if known is not None else None
 
 
 def summary(run_dir: Path) -> list[str]:
@@ -105,7 +105,7 @@ def summary(run_dir: Path) -> list[str]:
     if not found:
         return []
     reason = found[-1]
-    world = int(target.manifest.get("world_size") or 1)
+    world = target.manifest.world_size or 1
     rank = f"rank {reason.rank}" + (f", the first of {world} ranks to fail" if world > 1 else "")
     site = reason.site(workdir(target))
     lines = [f"slurmddp: {reason.headline}", f"  at {site} ({rank})" if site else f"  on {rank}"]

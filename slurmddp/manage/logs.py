@@ -24,7 +24,7 @@ def log_path(element: runs.Run, rank: int, stream: str) -> Path:
 
 
 def show(target: runs.Target, element: runs.Run, rank: int, stream: str, follow: bool, out: TextIO) -> None:
-    world = int(target.manifest.get("world_size", 1))
+    world = target.manifest.world_size or 1
     if not 0 <= rank < world:
         raise SlurmddpError(f"--rank {rank}: the job has ranks 0-{world - 1}")
     path = log_path(element, rank, stream)

@@ -11,6 +11,7 @@ from slurmddp.cluster.slurm import JobState
 from slurmddp.manage import numbers, runs
 from slurmddp.manage.snapshot import shown_metrics
 from slurmddp.rundir.layout import RESULT
+from slurmddp.rundir.metrics import latest_values, read_metrics
 from slurmddp.rundir.records import Progress, read_attempts
 from slurmddp.submit.submitter import Submission
 
@@ -28,7 +29,7 @@ class Outcome:
 def outcome(sub: Submission, state: JobState, wall_s: float) -> Outcome:
     run_dir = sub.plan.run_dir
     run = runs.load(run_dir).elements[0]
-    values, _ = runs.latest_metrics(run_dir)
+    values, _ = latest_values(read_metrics(run_dir))
     metrics = shown_metrics(values)
     attempts = runs.attempts_ran(run, read_attempts(run_dir), Progress.read(run_dir))
     rows: list[tuple[str, str | list[str]]] = []

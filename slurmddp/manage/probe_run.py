@@ -10,13 +10,13 @@ import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TextIO
 
 from slurmddp.cluster import slurm
 from slurmddp.experiment.load import Loaded, load_experiment
 from slurmddp.job.launch import probe as rank_probe
 from slurmddp.manage import actions, index
-from slurmddp.rundir.layout import PROBE
+from slurmddp.rundir.probe import ProbeReady, ProbeSeen
 from slurmddp.submit import submitter
 from slurmddp.submit.prepare import plan_for
 
@@ -74,10 +74,9 @@ def run_probe(out: TextIO, loaded: Loaded, argv: list[str]) -> bool:
         f"run dir {plan.run_dir}\n"
     )
     out.flush()
-    folder = plan.run_dir / PROBE
     try:
         ready = _wait(
-            lambda: len(list(folder.glob("ready-*.json"))) >= world or _gone(sub.job_id),
+            lambda: ProbeReady.count(plan.run_dir) >= world or _gone(sub.job_id),
             PROBE_READY_TIMEOUT_S,
         )
         if not ready or _gone(sub.job_id):
@@ -94,32 +93,21 @@ def run_probe(out: TextIO, loaded: Loaded, argv: list[str]) -> bool:
         out.flush()
         sent = time.time()
         _wait(
-            lambda: _gone(sub.job_id) or len(list(folder.glob("rank-*.json"))) >= world,
+            lambda: _gone(sub.job_id) or ProbeSeen.count(plan.run_dir) >= world,
             PROBE_SIGNAL_TIMEOUT_S,
         )
-        seen = _read_ranks(folder, world)
+        seen = [ProbeSeen.read(plan.run_dir, rank) for rank in range(world)]
         # A rank returns once it has seen the signal, so the job ends by itself (and records its end
         # as final); a job still there after this is cancelled below.
         _wait(lambda: _gone(sub.job_id), PROBE_END_TIMEOUT_S)
     finally:
         if not _gone(sub.job_id):
             slurm.cancel_quietly(sub.job_id)
-    missing = [rank for rank in range(world) if (seen[rank] or {}).get("signal") is None]
-    for rank in range(world):
-        record = seen[rank]
-        if record and record.get("signal"):
-            delay = float(record["received_at"]) - sent
-            out.write(
-                f"  OK    rank {rank} on {record['host']}: got {record['signal']} "
-                f"{delay:.2f} s after it was sent\n"
-            )
-        else:
-            host = record["host"] if record else "?"
-            out.write(f"  FAIL  rank {rank} on {host}: never saw the stop signal\n")
+    missing = _say_what_each_saw(out, seen, sent)
     total = time.monotonic() - started
     if missing:
         out.write(
-            f"  FAIL  probe: {len(missing)} of {world} ranks did not see the stop signal ({total:.0f} s); "
+            f"  FAIL  probe: {missing} of {world} ranks did not see the stop signal ({total:.0f} s); "
             f"logs kept in {plan.run_dir}\n"
         )
         return False
@@ -129,14 +117,21 @@ def run_probe(out: TextIO, loaded: Loaded, argv: list[str]) -> bool:
     return True
 
 
-def _read_ranks(folder: Path, world: int) -> list[dict[str, Any] | None]:
-    seen: list[dict[str, Any] | None] = []
-    for rank in range(world):
-        try:
-            seen.append(json.loads((folder / f"rank-{rank}.json").read_text()))
-        except (OSError, ValueError):
-            seen.append(None)
-    return seen
+def _say_what_each_saw(out: TextIO, seen: list[ProbeSeen | None], sent: float) -> int:
+    """A line a rank: when it got the stop signal sent at `sent`, or that it never did; how many
+    never did."""
+    missing = 0
+    for rank, record in enumerate(seen):
+        if record and record.signal:
+            delay = float(record.received_at or sent) - sent
+            out.write(
+                f"  OK    rank {rank} on {record.host}: got {record.signal} {delay:.2f} s after it was sent\n"
+            )
+        else:
+            missing += 1
+            host = record.host if record else "?"
+            out.write(f"  FAIL  rank {rank} on {host}: never saw the stop signal\n")
+    return missing
 
 
 def _gone(job_id: str) -> bool:

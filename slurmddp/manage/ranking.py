@@ -23,7 +23,7 @@ class Ranking:
 
 def is_study(target: runs.Target) -> bool:
     """A scaling study's directory: its results are the study's report, not a ranking."""
-    return "study" in target.manifest
+    return target.sweep is not None and target.sweep.study is not None
 
 
 def rank(target: runs.Target, metric: str | None, mode: str | None) -> Ranking:
@@ -31,11 +31,12 @@ def rank(target: runs.Target, metric: str | None, mode: str | None) -> Ranking:
     `mode` (default: the sweep's, else min)."""
     rows = runs.rows(target)
     names = report.metric_names(rows)
-    metric = metric or target.manifest.get("metric") or (names[0] if names else None)
+    sweep = target.sweep
+    metric = metric or target.metric or (names[0] if names else None)
     if metric is None:
         raise SlurmddpError(f"{target.dir}: no metric was logged yet (ctx.log in the training function)")
-    ranked = report.ranked(rows, metric, mode or target.manifest.get("mode") or "min")
-    keys = list(target.manifest.get("keys") or [])
+    ranked = report.ranked(rows, metric, mode or (sweep.mode if sweep else None) or "min")
+    keys = list(sweep.keys) if sweep else []
     return Ranking(ranked, keys, [metric, *(m for m in names if m != metric)])
 
 

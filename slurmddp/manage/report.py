@@ -14,6 +14,7 @@ from typing import Any
 from slurmddp.errors import SlurmddpError
 from slurmddp.experiment.sweep import describe
 from slurmddp.manage import accounting, explain, numbers, runs
+from slurmddp.rundir.metrics import read_metrics
 
 
 def table(header: Sequence[str], body: Sequence[Sequence[str]]) -> str:
@@ -62,7 +63,7 @@ def status_table(target: runs.Target, rows: list[runs.Row], metric: str | None) 
     for row in rows:
         counts[row.state] = counts.get(row.state, 0) + 1
     summary = ", ".join(f"{n} {state.lower()}" for state, n in sorted(counts.items()))
-    title = f"{target.kind} {target.manifest.get('name', '')} ({target.executor}) {target.dir}: {summary}"
+    title = f"{target.kind} {target.manifest.name or ''} ({target.executor}) {target.dir}: {summary}"
     text = f"{title}\n{table(header, body)}"
     for row in rows:
         # The table says what; these say why, where a run was requeued or left nodes out.
@@ -104,7 +105,7 @@ def status_json(target: runs.Target, rows: list[runs.Row]) -> dict[str, Any]:
     return {
         "kind": target.kind,
         "dir": str(target.dir),
-        "name": target.manifest.get("name"),
+        "name": target.manifest.name,
         "executor": target.executor,
         "elements": [
             {**asdict(row), "failures": [r.to_json() for r in explain.reasons(target.element(row.index))]}
@@ -220,7 +221,9 @@ def plot(rows: list[runs.Row], metric: str, path: Path) -> None:
     for row in rows:
         # A resumed attempt logs the steps since its checkpoint again: the newest value wins.
         by_step = {
-            r["step"]: r[metric] for r in runs.read_metrics(Path(row.dir)) if metric in r and "step" in r
+            r.step: r.values[metric]
+            for r in read_metrics(Path(row.dir))
+            if metric in r.values and r.step is not None
         }
         if by_step:
             steps = sorted(by_step)

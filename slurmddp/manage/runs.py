@@ -7,8 +7,8 @@ directory plus squeue/sacct, so they work from a new shell on any login node.
 from __future__ import annotations
 
 import datetime as dt
-import json
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -17,10 +17,11 @@ from slurmddp.cluster import slurm
 from slurmddp.cluster.slurm import JobState
 from slurmddp.defaults import EndReason, RunExecutor, RunKind
 from slurmddp.errors import SlurmddpError
-from slurmddp.files import read_json_object
 from slurmddp.manage import accounting, index, numbers
 from slurmddp.manage.backend import Backend, for_manifest
-from slurmddp.rundir.layout import MANIFEST, METRICS, PERF, SWEEP
+from slurmddp.rundir.layout import MANIFEST, PERF, SWEEP
+from slurmddp.rundir.manifest import RunManifest, SweepManifest
+from slurmddp.rundir.metrics import latest_values, read_metrics
 from slurmddp.rundir.records import (
     AttemptEvent,
     AttemptId,
@@ -85,12 +86,22 @@ class Target:
 
     kind: RunKind
     dir: Path
-    manifest: dict[str, Any]
+    manifest: RunManifest | SweepManifest
     elements: tuple[Run, ...] = field(default=())
 
     @property
     def backend(self) -> Backend:
         return for_manifest(self.manifest)
+
+    @property
+    def sweep(self) -> SweepManifest | None:
+        """The sweep's manifest; None for a single run."""
+        return self.manifest if isinstance(self.manifest, SweepManifest) else None
+
+    @property
+    def metric(self) -> str | None:
+        """The metric the sweep names to rank by; None for a run, or a sweep that names none."""
+        return self.sweep.metric if self.sweep is not None else None
 
     @property
     def executor(self) -> RunExecutor:
@@ -153,37 +164,43 @@ def load(path: Path) -> Target:
     if (path.parent / SWEEP).is_file():  # an element's directory (a local one has a manifest too)
         return _load_sweep(path.parent)
     if (path / MANIFEST).is_file():
-        manifest = _read_json(path / MANIFEST)
+        manifest = RunManifest.read(path)
         # A resubmitted run has had a job per submission, the current one last.
-        jobs = (*map(str, manifest.get("previous_jobs", [])), str(manifest["job_id"]))
-        element = Run(None, path, {}, jobs, Path(manifest["logs"]))
+        element = Run(None, path, {}, manifest.jobs, _logs(path / MANIFEST, manifest.logs))
         return Target("run", path, manifest, (element,))
     raise SlurmddpError(f"{path} is not a slurmddp run or sweep directory (no {MANIFEST} or {SWEEP})")
 
 
 def _load_sweep(path: Path) -> Target:
-    manifest = _read_json(path / SWEEP)
+    manifest = SweepManifest.read(path)
     jobs: dict[int, list[str]] = {}
     logs: dict[int, Path] = {}
-    for submission in manifest["submissions"]:
-        if submission["job_id"] is None:
+    for submission in manifest.submissions:
+        if submission.job_id is None:
             continue
-        indices = submission["elements"]
+        indices = submission.elements
         for position, number in enumerate(indices):
-            job = str(submission["job_id"]) if len(indices) == 1 else f"{submission['job_id']}_{position}"
+            job = submission.job_id if len(indices) == 1 else f"{submission.job_id}_{position}"
             jobs.setdefault(number, []).append(job)
-            logs[number] = Path(submission.get("logs") or manifest["logs"])
+            logs[number] = _logs(path / SWEEP, submission.logs or manifest.logs)
     elements = tuple(
         Run(
-            e["index"],
-            path / e["dir"],
-            e["overrides"],
-            tuple(jobs.get(e["index"], ())),
-            logs.get(e["index"], Path(manifest["logs"])),
+            e.index,
+            path / e.dir,
+            e.overrides,
+            tuple(jobs.get(e.index, ())),
+            logs.get(e.index) or _logs(path / SWEEP, manifest.logs),
         )
-        for e in manifest["elements"]
+        for e in manifest.elements
     )
     return Target("sweep", path, manifest, elements)
+
+
+def _logs(manifest: Path, logs: str | None) -> Path:
+    """submitit's folder a manifest names."""
+    if logs is None:
+        raise SlurmddpError(f"cannot read {manifest}: it names no logs folder (key 'logs')")
+    return Path(logs)
 
 
 def _dir_from_queue(job_id: str) -> Path:
@@ -192,14 +209,6 @@ def _dir_from_queue(job_id: str) -> Path:
         raise SlurmddpError(f"job {job_id} is neither in the index of submissions nor in the queue")
     # The batch script is DIR/logs/JOBID_submission.sh (submitit's folder layout).
     return Path(command).parent.parent
-
-
-def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        data: dict[str, Any] = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise SlurmddpError(f"cannot read {path}: {exc}") from None
-    return data
 
 
 # ---- the state of jobs and elements ----
@@ -296,7 +305,7 @@ def rows(target: Target, with_usage: bool = True) -> list[Row]:
         latest = _latest_attempt(records)
         left_out = _left_out(element.dir, latest)
         used = _usage(element, records, allocations, states, since, now)
-        metrics, metric_step = latest_metrics(element.dir)
+        metrics, metric_step = latest_values(read_metrics(element.dir))
         perf = {name: metrics.pop(name) for name in list(metrics) if name.startswith(PERF)}
         progress = Progress.read(element.dir)
         steps = [s for s in (progress and progress.step, metric_step) if isinstance(s, int)]
@@ -394,10 +403,14 @@ def _usage(
     return accounting.usage(mine, records, now, pending)
 
 
-def _submitted_at(manifest: dict[str, Any]) -> float | None:
+def _submitted_at(manifest: RunManifest | SweepManifest) -> float | None:
     """When the run (or the sweep's first submission) was submitted, as Unix time, if recorded."""
-    times = [s.get("submitted_at") for s in manifest.get("submissions", ())]
-    times.append(manifest.get("submitted_at"))
+    submissions = manifest.submissions if isinstance(manifest, SweepManifest) else []
+    return _earliest([*(s.submitted_at for s in submissions), manifest.submitted_at])
+
+
+def _earliest(times: Sequence[str | float | None]) -> float | None:
+    """The earliest of `times` (Unix times, or ISO times), where any is known."""
     known = []
     for value in times:
         if isinstance(value, (int, float)):
@@ -410,10 +423,11 @@ def _submitted_at(manifest: dict[str, Any]) -> float | None:
     return min(known) if known else None
 
 
-def _element_submitted_at(manifest: dict[str, Any], index: int | None) -> float | None:
+def _element_submitted_at(manifest: RunManifest | SweepManifest, index: int | None) -> float | None:
     """When this element (or the run) was last submitted, as Unix time, if recorded."""
-    mine = [s for s in manifest.get("submissions", ()) if index in s.get("elements", ())]
-    return _submitted_at({"submissions": mine[-1:]} if mine else manifest)
+    submissions = manifest.submissions if isinstance(manifest, SweepManifest) else []
+    mine = [s for s in submissions if index in s.elements]
+    return _earliest([mine[-1].submitted_at]) if mine else _submitted_at(manifest)
 
 
 def _elapsed(
@@ -458,32 +472,3 @@ def _last_write(element: Run) -> float | None:
         except OSError:
             continue
     return max(written) if written else None
-
-
-def latest_metrics(run_dir: Path) -> tuple[dict[str, float], int | None]:
-    """The newest value of each metric in RUN_DIR/metrics.jsonl, and the newest step logged."""
-    latest: dict[str, float] = {}
-    step: int | None = None
-    for record in read_metrics(run_dir):
-        step = record.get("step", step)
-        latest.update({k: v for k, v in record.items() if k not in ("step", "time")})
-    return latest, step
-
-
-def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
-    try:
-        text = (run_dir / METRICS).read_text()
-    except OSError:
-        return []
-    records = []
-    for line in text.splitlines():
-        try:
-            records.append(json.loads(line))
-        except ValueError:
-            continue  # a line cut short by a killed rank 0
-    return records
-
-
-def read_optional(path: Path) -> dict[str, Any]:
-    """A JSON object from `path`; {} when it is missing, torn or not an object."""
-    return read_json_object(path) or {}

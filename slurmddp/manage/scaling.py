@@ -17,6 +17,7 @@ from typing import Any
 from slurmddp.errors import SlurmddpError
 from slurmddp.job.process.preflight import Link, slow_hosts
 from slurmddp.manage.numbers import rate
+from slurmddp.rundir.outputs import PreflightReport
 
 EFFICIENCY_FLOOR = 0.90
 """A size below this share of the ideal speedup is flagged."""
@@ -56,7 +57,7 @@ class Point:
     """Slurm's final state: "COMPLETED", "FAILED", ..."""
     telemetry: Mapping[str, Any] | None
     """result.json's "telemetry"; None where missing."""
-    preflight: Mapping[str, Any] | None
+    preflight: PreflightReport | None
     """The element's preflight.json; None where missing."""
     role: str
     """"baseline" (1 rank), "size" (a requested size) or "bucket" (a bucket size at the largest size)."""
@@ -278,8 +279,8 @@ def _small_buckets(telemetry: Mapping[str, Any]) -> str | None:
     )
 
 
-def _links(preflight: Mapping[str, Any] | None) -> list[Link]:
-    found = [] if preflight is None else preflight.get("links") or []
+def _links(preflight: PreflightReport | None) -> list[Link]:
+    found = [] if preflight is None else preflight.links
     return [
         Link(str(link["src"]), str(link["dst"]), float(link["gbps"]))
         for link in found

@@ -8,7 +8,6 @@ one at a time, no element shares the nodes or the fabric with another.
 
 from __future__ import annotations
 
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -17,11 +16,13 @@ from slurmddp.errors import EXIT_JOB_FAILED, ConfigError, SlurmddpError
 from slurmddp.experiment.load import Loaded, SweepElement, load_experiment, override_texts
 from slurmddp.experiment.schema import Experiment
 from slurmddp.experiment.study import Element, Study
-from slurmddp.files import write_atomic, write_json
+from slurmddp.files import write_atomic
 from slurmddp.manage import index, runs, scaling, scaling_report, sweep_runs
 from slurmddp.manage.amend import with_dependency
 from slurmddp.manage.backend import for_executor
-from slurmddp.rundir.layout import PREFLIGHT, RESULT, STUDY_CSV, STUDY_PNG, SWEEP, new_run_dir
+from slurmddp.rundir.layout import STUDY_CSV, STUDY_PNG, SWEEP, new_run_dir
+from slurmddp.rundir.manifest import ElementEntry, StudySettings, StudySize, SweepManifest
+from slurmddp.rundir.outputs import PreflightReport, Result
 from slurmddp.submit import submitter
 from slurmddp.submit.prepare import plan_for, resolve_executor
 
@@ -44,9 +45,9 @@ def submit(base: Loaded, study: Study, argv: list[str], out: TextIO, wait: bool 
         )
     plan = plan_for(base, executor=executor, run_dir=study_dir)
     created = submitter.make_run_dir(study_dir, base.experiment)
-    described = {"mode": study.mode, "batch_key": study.batch_key}
+    described = StudySettings(study.mode, study.batch_key)
     manifest = submitter.study_manifest(plan, base, argv, [_entry(e) for e in study.elements], described)
-    write_json(study_dir / SWEEP, manifest)
+    manifest.write(study_dir)
     out.write(f"slurmddp: {study.mode} scaling study of {len(study.elements)} jobs, one at a time\n")
     out.write(f"  study dir: {study_dir}\n")
     if backend.runs_here:
@@ -75,7 +76,7 @@ def _loaded(base: Loaded, element: Element) -> SweepElement:
 def _submit_chain(
     labelled: list[tuple[SweepElement, str]],
     study_dir: Path,
-    manifest: dict[str, Any],
+    manifest: SweepManifest,
     argv: list[str],
     created: list[Path],
     out: TextIO,
@@ -92,7 +93,7 @@ def _submit_chain(
                 plan_for(one, executor="slurm", run_dir=study_dir / element.dir_name), one, argv
             )
             submitted.append(sub.job_id)
-            sweep_runs.record(study_dir, manifest, element, label, sub, out)
+            manifest = sweep_runs.record(study_dir, manifest, element, label, sub, out)
     except BaseException:
         if submitted:
             slurm.cancel(submitted)
@@ -107,37 +108,24 @@ def dir_name(element: Element) -> str:
     return f"{element.index:03d}-{text.replace(' ', '-')}"
 
 
-def _entry(element: Element) -> dict[str, Any]:
-    described = asdict(element)
-    described["dir"] = dir_name(element)
-    return described
+def _entry(element: Element) -> ElementEntry:
+    size = StudySize(element.role, element.label, element.nodes, element.ranks, element.bucket_cap_mb)
+    return ElementEntry(element.index, dir_name(element), element.overrides, size)
 
 
 def report(target: runs.Target, out: TextIO) -> scaling.Analysis:
     """Print the study's table, verdicts and bucket advice; write STUDY_DIR/study.csv and .png."""
-    study = target.manifest.get("study")
-    if not isinstance(study, dict):
+    sweep = target.sweep
+    study = sweep.study if sweep is not None else None
+    if sweep is None or study is None:
         raise SlurmddpError(f"{target.dir} is not a scaling study (made by `python -m slurmddp scale`)")
     states = {row.index: row.state for row in runs.rows(target, with_usage=False)}
-    described = {e["index"]: e for e in target.manifest["elements"]}
+    described = {e.index: e for e in sweep.elements}
     points = [
-        scaling.Point(
-            index=element.index or 0,
-            label=described[element.index]["label"],
-            nodes=described[element.index]["nodes"],
-            ranks=described[element.index]["ranks"],
-            bucket_cap_mb=described[element.index]["bucket_cap_mb"],
-            state=states.get(element.index, "UNKNOWN"),
-            telemetry=_with_samples(
-                runs.read_optional(element.dir / RESULT).get("telemetry"),
-                described[element.index]["overrides"].get(str(study.get("batch_key"))),
-            ),
-            preflight=runs.read_optional(element.dir / PREFLIGHT) or None,
-            role=described[element.index]["role"],
-        )
+        _point(element.dir, described[element.index or 0], states.get(element.index, "UNKNOWN"), study)
         for element in target.elements
     ]
-    analysis = scaling.analyse(points, str(study["mode"]))
+    analysis = scaling.analyse(points, str(study.mode))
     out.write(scaling_report.study_table(analysis.rows, analysis.unit) + "\n")
     for line in analysis.verdicts:
         out.write(f"  {line}\n")
@@ -146,13 +134,36 @@ def report(target: runs.Target, out: TextIO) -> scaling.Analysis:
     write_atomic(target.dir / STUDY_CSV, scaling_report.study_csv(analysis.rows, analysis.unit))
     written = [str(target.dir / STUDY_CSV)]
     try:
-        scaling_report.plot(analysis.rows, target.dir / STUDY_PNG, str(study["mode"]))
+        scaling_report.plot(analysis.rows, target.dir / STUDY_PNG, str(study.mode))
         written.append(str(target.dir / STUDY_PNG))
     except SlurmddpError as exc:
         out.write(f"slurmddp: no plot: {exc}\n")
     out.write(f"slurmddp: wrote {' and '.join(written)}\n")
     out.flush()
     return analysis
+
+
+def _point(element_dir: Path, entry: ElementEntry, state: str, study: StudySettings) -> scaling.Point:
+    """What one element measured, from its directory and its entry in the study's sweep.json."""
+    size = entry.size
+    if size is None:
+        raise SlurmddpError(
+            f"{element_dir}: its entry in {SWEEP} names no size: not a scaling study's element"
+        )
+    result = Result.read(element_dir)
+    return scaling.Point(
+        index=entry.index,
+        label=size.label,
+        nodes=size.nodes,
+        ranks=size.ranks,
+        bucket_cap_mb=size.bucket_cap_mb,
+        state=state,
+        telemetry=_with_samples(
+            result.telemetry if result is not None else None, entry.overrides.get(str(study.batch_key))
+        ),
+        preflight=PreflightReport.read(element_dir),
+        role=size.role,
+    )
 
 
 def _with_samples(telemetry: Any, global_batch: Any) -> dict[str, Any] | None:

@@ -9,7 +9,6 @@ behind the metrics beside it.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -17,6 +16,7 @@ from typing import Any
 from slurmddp.cluster.slurm import JobState
 from slurmddp.manage.tail import Tail
 from slurmddp.rundir.layout import METRICS, PERF
+from slurmddp.rundir.metrics import MetricRecord
 from slurmddp.rundir.records import AttemptId, LoopProgress, Progress, begins, read_attempts
 
 RATE_SMOOTHING = 0.3
@@ -103,12 +103,9 @@ class LatestMetrics:
             # A resumed attempt rewrote the file without the records past its checkpoint.
             self.values = {}
         for line in lines:
-            try:
-                record = json.loads(line)
-            except ValueError:
-                continue  # a line cut short by a killed rank 0
-            if isinstance(record, dict):
-                self.values.update(record)
+            record = MetricRecord.from_line(line)
+            if record is not None:
+                self.values.update(record.to_json())
         return self.values
 
 

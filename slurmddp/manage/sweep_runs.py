@@ -5,15 +5,14 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TextIO
 
 from slurmddp.errors import EXIT_JOB_FAILED
 from slurmddp.experiment.load import Loaded, SweepElement
 from slurmddp.experiment.sweep import describe
-from slurmddp.files import write_json
 from slurmddp.manage import index, report, runs
 from slurmddp.manage.follow import FINAL_OK, follow
-from slurmddp.rundir.layout import SWEEP
+from slurmddp.rundir.manifest import SweepManifest
 from slurmddp.submit import submitter
 from slurmddp.submit.plan import SubmissionPlan
 from slurmddp.submit.prepare import plan_for
@@ -28,7 +27,7 @@ def run_local(
     """Without Slurm the elements run one after another on this machine, each as its own job."""
     submitter.make_run_dir(plan.run_dir, loaded.experiment)
     manifest = submitter.sweep_manifest(plan, loaded, elements, argv)
-    write_json(plan.run_dir / SWEEP, manifest)
+    manifest.write(plan.run_dir)
     index.remember(plan.run_dir, "sweep", plan.job_name, "local")
     out.write(f"slurmddp: running a sweep of {len(elements)} elements here, one after another\n")
     out.write(f"  sweep dir: {plan.run_dir}\n")
@@ -39,7 +38,7 @@ def run_local(
 
 def run_each(
     run_dir: Path,
-    manifest: dict[str, Any],
+    manifest: SweepManifest,
     labelled: Sequence[tuple[SweepElement, str]],
     argv: list[str],
     out: TextIO,
@@ -50,22 +49,24 @@ def run_each(
     for element, label in labelled:
         element_plan = plan_for(element.loaded, executor="local", run_dir=run_dir / element.dir_name)
         sub = submitter.submit(element_plan, element.loaded, argv)
-        record(run_dir, manifest, element, label, sub, out)
+        manifest = record(run_dir, manifest, element, label, sub, out)
         failed += follow(sub, out) != FINAL_OK
     return failed
 
 
 def record(
     run_dir: Path,
-    manifest: dict[str, Any],
+    manifest: SweepManifest,
     element: SweepElement,
     label: str,
     sub: submitter.Submission,
     out: TextIO,
-) -> None:
-    """Record an element submitted on its own in the sweep manifest, and say so."""
-    submitter.record_submission(run_dir, manifest, sub, element.index)
+) -> SweepManifest:
+    """Record an element submitted on its own in the sweep manifest, and say so; the manifest as
+    written."""
+    updated = submitter.record_submission(run_dir, manifest, sub, element.index)
     out.write(f"slurmddp: element {element.index} ({label}): job {sub.job_id}\n")
+    return updated
 
 
 def wait(sweep_dir: Path, out: TextIO, poll_s: float = 5.0) -> int:
@@ -84,6 +85,6 @@ def wait(sweep_dir: Path, out: TextIO, poll_s: float = 5.0) -> int:
 def print_status(run_dir: Path, out: TextIO) -> list[runs.Row]:
     target = runs.load(run_dir)
     rows = runs.rows(target)
-    out.write(report.status_table(target, rows, target.manifest.get("metric")) + "\n")
+    out.write(report.status_table(target, rows, target.metric) + "\n")
     out.flush()
     return rows

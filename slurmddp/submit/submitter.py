@@ -17,15 +17,23 @@ from typing import Any
 import submitit
 from submitit.core.utils import FailedJobError
 
-from slurmddp import yamlio
 from slurmddp.cluster import slurm
 from slurmddp.defaults import OUTPUT_DIR_MODES
 from slurmddp.errors import ConfigError, SubmitError
 from slurmddp.experiment.load import Loaded, SweepElement
 from slurmddp.experiment.schema import Experiment
-from slurmddp.files import make_dirs, no_group_write, remove_dirs, write_atomic, write_json
+from slurmddp.files import make_dirs, no_group_write, remove_dirs
 from slurmddp.job.rank import Rank
-from slurmddp.rundir.layout import CONFIG, MANIFEST, SWEEP
+from slurmddp.rundir.config import replace_config, restore_config, write_config
+from slurmddp.rundir.manifest import (
+    ElementEntry,
+    RunManifest,
+    StudySettings,
+    Submitted,
+    SweepManifest,
+    SweepSubmission,
+    submitted_fields,
+)
 from slurmddp.submit.plan import SubmissionPlan
 
 
@@ -34,7 +42,7 @@ class Submission:
     plan: SubmissionPlan
     job: Any
     """The submitit job (SlurmJob or LocalJob)."""
-    manifest: dict[str, Any]
+    manifest: RunManifest
 
     @property
     def job_id(self) -> str:
@@ -109,7 +117,7 @@ def submit(plan: SubmissionPlan, loaded: Loaded, argv: list[str]) -> Submission:
     try:
         if plan.executor == "slurm":
             check_schedulable(plan)
-        write_atomic(plan.run_dir / CONFIG, yamlio.dump(loaded.resolved))
+        write_config(plan.run_dir, loaded.resolved)
         executor = _executor(plan)
         stderr = io.StringIO()
         # submitit prints sbatch's stderr itself before raising; it is shown once, in our error.
@@ -125,40 +133,31 @@ def submit(plan: SubmissionPlan, loaded: Loaded, argv: list[str]) -> Submission:
     except BaseException:
         discard(plan.run_dir, created)
         raise
-    manifest = {**_described(plan, loaded, argv), "job_id": str(job.job_id)}
-    write_json(plan.run_dir / MANIFEST, manifest)
+    manifest = RunManifest.of(_described(plan, loaded, argv), str(job.job_id))
+    manifest.write(plan.run_dir)
     return Submission(plan=plan, job=job, manifest=manifest)
 
 
-def resubmit(plan: SubmissionPlan, loaded: Loaded, manifest: dict[str, Any], argv: list[str]) -> Submission:
+def resubmit(plan: SubmissionPlan, loaded: Loaded, manifest: RunManifest, argv: list[str]) -> Submission:
     """Submit a run again in its own directory (it resumes from its checkpoints) with the config
     `loaded`, which replaces config.yaml. A refusal puts the old config back and removes nothing:
     the directory holds the run's checkpoints."""
-    config = plan.run_dir / CONFIG
-    before = config.read_text()
-    write_atomic(config, yamlio.dump(loaded.resolved))
+    before = replace_config(plan.run_dir, loaded.resolved)
     try:
         executor = _executor(plan)
         with contextlib.redirect_stderr(io.StringIO()), no_group_write():
             job = executor.submit(Rank(plan.rank))
     except BaseException as exc:
-        write_atomic(config, before)
+        restore_config(plan.run_dir, before)
         if isinstance(exc, FailedJobError):
             said = str(exc)
             raise SubmitError(
                 f"sbatch refused the job; nothing was submitted. sbatch said:\n{said}{_hint(said)}"
             ) from None
         raise
-    previous = [*manifest.get("previous_jobs", []), str(manifest["job_id"])]
-    updated = {
-        **manifest,
-        "job_id": str(job.job_id),
-        "previous_jobs": previous,
-        "world_size": plan.world_size,
-        "resubmitted_at": dt.datetime.now().isoformat(timespec="seconds"),
-        "resubmit_argv": argv,
-    }
-    write_json(plan.run_dir / MANIFEST, updated)
+    at = dt.datetime.now().isoformat(timespec="seconds")
+    updated = manifest.resubmitted(str(job.job_id), plan.world_size, at, argv)
+    updated.write(plan.run_dir)
     return Submission(plan=plan, job=job, manifest=updated)
 
 
@@ -186,7 +185,7 @@ def submit_sweep(plan: SubmissionPlan, loaded: Loaded, elements: list[SweepEleme
             # Plain writes: a thousand fsyncs would dominate the submit; the manifest, written
             # durably after them, is what makes the sweep exist.
             make_dirs(sweep_dir / element.dir_name, mode)
-            (sweep_dir / element.dir_name / CONFIG).write_text(yamlio.dump(element.loaded.resolved))
+            write_config(sweep_dir / element.dir_name, element.loaded.resolved, durable=False)
         job_id = submit_array(plan, manifest, [e.index for e in elements])
     except BaseException:
         discard(sweep_dir, created)
@@ -196,101 +195,91 @@ def submit_sweep(plan: SubmissionPlan, loaded: Loaded, elements: list[SweepEleme
 
 def sweep_manifest(
     plan: SubmissionPlan, loaded: Loaded, elements: list[SweepElement], argv: list[str]
-) -> dict[str, Any]:
+) -> SweepManifest:
     """SWEEP_DIR/sweep.json's content before any submission; writes the base config beside it."""
     assert loaded.sweep is not None
-    write_atomic(plan.run_dir / CONFIG, yamlio.dump(loaded.resolved))
-    return {
-        **_described(plan, loaded, argv),
-        "kind": "sweep",
-        "max_parallel": loaded.sweep.max_parallel,
-        "metric": loaded.sweep.metric,
-        "mode": loaded.sweep.mode,
-        "keys": list(loaded.sweep.keys),
-        "elements": [{"index": e.index, "dir": e.dir_name, "overrides": e.overrides} for e in elements],
-        "submissions": [],
-    }
+    write_config(plan.run_dir, loaded.resolved)
+    return SweepManifest(
+        **submitted_fields(_described(plan, loaded, argv)),
+        max_parallel=loaded.sweep.max_parallel,
+        metric=loaded.sweep.metric,
+        mode=loaded.sweep.mode,
+        keys=list(loaded.sweep.keys),
+        elements=[ElementEntry(e.index, e.dir_name, e.overrides) for e in elements],
+    )
 
 
 def study_manifest(
     plan: SubmissionPlan,
     loaded: Loaded,
     argv: list[str],
-    elements: list[dict[str, Any]],
-    study: dict[str, Any],
-) -> dict[str, Any]:
+    elements: list[ElementEntry],
+    study: StudySettings,
+) -> SweepManifest:
     """STUDY_DIR/sweep.json of a scaling study: a sweep whose elements are jobs of their own (each
     size asks Slurm for other resources), so status, logs and cancel treat it as one."""
-    write_atomic(plan.run_dir / CONFIG, yamlio.dump(loaded.resolved))
-    return {
-        **_described(plan, loaded, argv),
-        "kind": "sweep",
-        "max_parallel": 1,
-        "metric": None,
-        "mode": "max",
-        "keys": sorted({key for e in elements for key in e["overrides"]}),
-        "elements": elements,
-        "submissions": [],
-        "study": study,
-    }
-
-
-def record_submission(sweep_dir: Path, manifest: dict[str, Any], sub: Submission, index: int) -> None:
-    """A local sweep (and every study) runs its elements one by one, each as its own job."""
-    manifest["submissions"].append(
-        {"elements": [index], "job_id": sub.job_id, "submitted_at": time.time(), "logs": str(sub.plan.folder)}
+    write_config(plan.run_dir, loaded.resolved)
+    return SweepManifest(
+        **submitted_fields(_described(plan, loaded, argv)),
+        max_parallel=1,
+        metric=None,
+        mode="max",
+        keys=sorted({key for e in elements for key in e.overrides}),
+        elements=elements,
+        study=study,
     )
-    write_json(sweep_dir / SWEEP, manifest)
 
 
-def submit_array(plan: SubmissionPlan, manifest: dict[str, Any], indices: list[int]) -> str:
+def record_submission(sweep_dir: Path, manifest: SweepManifest, sub: Submission, index: int) -> SweepManifest:
+    """A local sweep (and every study) runs its elements one by one, each as its own job; the
+    manifest with this one's submission, as written."""
+    updated = manifest.with_submission(
+        SweepSubmission([index], sub.job_id, time.time(), str(sub.plan.folder))
+    )
+    updated.write(sweep_dir)
+    return updated
+
+
+def submit_array(plan: SubmissionPlan, manifest: SweepManifest, indices: list[int]) -> str:
     """Submit `plan.array` (the elements `indices`, in order) as submission number N of the sweep.
 
     The submission is recorded before sbatch: an array task may start before sbatch returns, and
     its batch script looks up its element in the manifest.
     """
     sweep_dir = plan.run_dir
-    submission: dict[str, Any] = {
-        "elements": indices,
-        "job_id": None,
-        "submitted_at": time.time(),
-        "logs": str(plan.folder),
-    }
-    manifest["submissions"].append(submission)
-    write_json(sweep_dir / SWEEP, manifest)
+    manifest = manifest.with_submission(SweepSubmission(indices, None, time.time(), str(plan.folder)))
+    manifest.write(sweep_dir)
     executor = _executor(plan)
     stderr = io.StringIO()
     try:
         with contextlib.redirect_stderr(stderr), no_group_write(), executor.batch():
             jobs = [executor.submit(Rank(spec)) for spec in plan.array]
     except FailedJobError as exc:
-        manifest["submissions"].pop()
-        write_json(sweep_dir / SWEEP, manifest)
+        manifest.without_last_submission().write(sweep_dir)
         said = str(exc)
         raise SubmitError(
             f"sbatch refused the sweep; nothing was submitted. sbatch said:\n{said}{_hint(said)}"
         ) from None
     # submitit names array tasks ARRAYID_TASK; a one-element batch is a plain job.
     job_id = str(jobs[0].job_id).split("_")[0]
-    submission["job_id"] = job_id
-    write_json(sweep_dir / SWEEP, manifest)
+    manifest.with_last_job(job_id).write(sweep_dir)
     return job_id
 
 
-def _described(plan: SubmissionPlan, loaded: Loaded, argv: list[str]) -> dict[str, Any]:
+def _described(plan: SubmissionPlan, loaded: Loaded, argv: list[str]) -> Submitted:
     """What a run's or a sweep's manifest says of how it was submitted."""
-    return {
-        "name": plan.job_name,
-        "executor": plan.executor,
-        "submitted_at": dt.datetime.now().isoformat(timespec="seconds"),
-        "experiment": str(loaded.source.resolve()),
-        "overrides": list(loaded.overrides),
-        "argv": argv,
-        "workdir": plan.rank.workdir,
-        "run_dir": str(plan.run_dir),
-        "world_size": plan.world_size,
-        "logs": str(plan.folder),
-    }
+    return Submitted(
+        name=plan.job_name,
+        executor=plan.executor,
+        submitted_at=dt.datetime.now().isoformat(timespec="seconds"),
+        experiment=str(loaded.source.resolve()),
+        overrides=list(loaded.overrides),
+        argv=argv,
+        workdir=plan.rank.workdir,
+        run_dir=str(plan.run_dir),
+        world_size=plan.world_size,
+        logs=str(plan.folder),
+    )
 
 
 def _executor(plan: SubmissionPlan) -> Any:

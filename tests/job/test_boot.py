@@ -16,7 +16,7 @@ def test_stop_signals_are_caught_during_the_run_and_ignored_at_exit(tmp_path: Pa
         "import atexit, os, signal\n"
         # During the run: a stop signal is recorded, not fatal.
         "os.kill(os.getpid(), signal.SIGUSR2)\n"
-        "from slurmddp.job import signals\n"
+        "from slurmddp.job.process import signals\n"
         "print('recorded', signals.name(signals.received()))\n"
         # atexit runs after boot has handed back: what a signal would meet while Python shuts down.
         "atexit.register(lambda: print('ignored at exit', [signal.getsignal(s) == signal.SIG_IGN "

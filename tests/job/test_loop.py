@@ -22,7 +22,7 @@ from slurmddp.job.checkpoint import io as checkpoint_io
 from slurmddp.job.checkpoint import store as checkpoint_store
 from slurmddp.job.checkpoint.io import file_crc32
 from slurmddp.job.checkpoint.space import bytes_on_disk
-from slurmddp.job.train.loop import LoopRuntime, LoopState, TrainLoop, _drop_metrics_from
+from slurmddp.job.train.loop import LoopRuntime, LoopState, TrainLoop
 from slurmddp.rundir.records import AttemptId, Failure
 
 # What the loop reads of a DistributedDataParallel module over two ranks.
@@ -74,16 +74,6 @@ def test_a_resume_with_other_training_settings_is_refused_with_both_values(tmp_p
         make_loop(tmp_path, model, precision=Precision(autocast="bfloat16"))
     loop = make_loop(tmp_path, model)
     assert loop.first_step == loop.step == 4
-
-
-def test_metrics_past_the_checkpoint_are_dropped_and_a_torn_line_with_them(tmp_path: Path) -> None:
-    path = tmp_path / "metrics.jsonl"
-    records = [{"step": s, "loss": 1.0 / (s + 1)} for s in range(0, 12, 2)]
-    path.write_text("".join(json.dumps(r) + "\n" for r in records) + '{"step": 1')
-    _drop_metrics_from(path, 6)
-    assert [json.loads(line)["step"] for line in path.read_text().splitlines()] == [0, 2, 4]
-    _drop_metrics_from(tmp_path / "none.jsonl", 6)
-    assert not (tmp_path / "none.jsonl").exists()
 
 
 def test_a_sampler_iterated_by_the_step_is_refused_up_front(tmp_path: Path) -> None:

@@ -12,6 +12,7 @@ from slurmddp.cluster import slurm
 from slurmddp.manage import runs
 from slurmddp.manage.backend import LOCAL, SLURM, for_manifest
 from slurmddp.rundir.layout import FAILURE, RESULT
+from slurmddp.rundir.manifest import RunManifest
 
 
 @pytest.mark.parametrize(
@@ -20,7 +21,7 @@ from slurmddp.rundir.layout import FAILURE, RESULT
 )
 def test_the_manifest_chooses_the_backend(manifest: dict[str, str], chosen: object) -> None:
     # A manifest without an executor was written before they named one, on Slurm.
-    assert for_manifest(manifest) is chosen
+    assert for_manifest(RunManifest.from_json({"job_id": "7", **manifest})) is chosen
 
 
 def test_a_slurm_run_is_what_the_scheduler_says(tmp_path: Path) -> None:

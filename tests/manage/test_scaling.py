@@ -13,6 +13,7 @@ import pytest
 from slurmddp.errors import SlurmddpError
 from slurmddp.manage.scaling import Analysis, Point, analyse
 from slurmddp.manage.scaling_report import plot, study_csv, study_table
+from slurmddp.rundir.outputs import PreflightReport
 
 # A telemetry in which nothing is wrong: communication hidden, no data wait, buckets that take far
 # longer than a barrier (each 10 ms against 0.1 ms).
@@ -65,7 +66,7 @@ def point(
         bucket_cap_mb=bucket,
         state=state,
         telemetry={**QUIET, "samples_per_s": samples, "steps_per_s": 5.0 * ranks, **telemetry},
-        preflight=None if preflight_links is None else {"ok": True, "links": preflight_links},
+        preflight=None if preflight_links is None else PreflightReport(True, "", links=preflight_links),
         role=role,
     )
 

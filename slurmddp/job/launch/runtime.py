@@ -14,13 +14,12 @@ import time
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from slurmddp.cluster import fabric, slurm
 from slurmddp.defaults import LOCAL_REQUEUE_STATUS
 from slurmddp.errors import SlurmddpError
 from slurmddp.experiment.entrypoint import is_file_target
-from slurmddp.files import write_json
 from slurmddp.job.allocation import attempts
 from slurmddp.job.checkpoint.prefetch import prefetch
 from slurmddp.job.launch import provenance
@@ -43,7 +42,11 @@ from slurmddp.job.spec import RankSpec
 from slurmddp.job.train.context import RunContext
 from slurmddp.rundir import records
 from slurmddp.rundir.layout import NCCL_TRACE, RESULT
+from slurmddp.rundir.outputs import Result
 from slurmddp.rundir.records import AttemptId
+
+if TYPE_CHECKING:
+    from torch._C._distributed_c10d import Store
 
 SYSFS_ENV = "SLURMDDP_SYSFS"
 """Where fabric detection reads sysfs; tests point it at fake trees."""
@@ -226,16 +229,7 @@ def _run_function(
         torch.cuda.set_device(device)
     else:
         device = torch.device("cpu")
-    if dist.rank == 0:
-        rendezvous.check_port_free(dist.master_port)
-    _enter(watchdog, startwatch.RENDEZVOUS)
-    waits = rendezvous_s(spec.dist.timeout_s, spec.dist.start_timeout_s)
-    store = rendezvous.open_store(dist, waits)
-    watch = peerwatch.start(store, dist, spec)
-    if watchdog is not None and spec.dist.start_timeout_s and dist.world_size > 1:
-        rendezvous.arrive(store, dist, waits, watchdog.arrived)
-    # What waits on the store later (NCCL's first communicator, the exit barrier) waits as before.
-    store.set_timeout(timedelta(seconds=spec.dist.timeout_s))
+    store, watch = _open_rendezvous(spec, dist, watchdog)
     _enter(watchdog, startwatch.PROCESS_GROUP)
     tdist.init_process_group(
         backend=backend,
@@ -263,6 +257,24 @@ def _run_function(
     # Not after a crash: srun ends the step, and the ranks still running would only wait.
     rendezvous.exit_barrier(store, dist, spec.dist.timeout_s, signals.stopping)
     return outcome
+
+
+def _open_rendezvous(
+    spec: RankSpec, dist: DistEnv, watchdog: Watchdog | None
+) -> tuple[Store, peerwatch.PeerWatch | None]:
+    """The rendezvous: the job's store (rank 0 hosts it) and this rank's peer watch; with a start-up
+    deadline, every rank's arrival seen before the process group forms."""
+    if dist.rank == 0:
+        rendezvous.check_port_free(dist.master_port)
+    _enter(watchdog, startwatch.RENDEZVOUS)
+    waits = rendezvous_s(spec.dist.timeout_s, spec.dist.start_timeout_s)
+    store = rendezvous.open_store(dist, waits)
+    watch = peerwatch.start(store, dist, spec)
+    if watchdog is not None and spec.dist.start_timeout_s and dist.world_size > 1:
+        rendezvous.arrive(store, dist, waits, watchdog.arrived)
+    # What waits on the store later (NCCL's first communicator, the exit barrier) waits as before.
+    store.set_timeout(timedelta(seconds=spec.dist.timeout_s))
+    return store, watch
 
 
 def _call(
@@ -355,16 +367,13 @@ def write_result(
 ) -> None:
     """result.json: rank 0's return value, every rank's, where the job ran, when rank 0 called
     the function (its process group ready), and the loop's telemetry summary (job/train/telemetry.py)."""
-    write_json(
-        run_dir / RESULT,
-        {
-            "result": per_rank[0],
-            "ranks": per_rank,
-            "world_size": dist.world_size,
-            "num_nodes": dist.num_nodes,
-            "started_at": started_at,
-            "train_seconds": round(time.time() - started_at, 3),
-            "telemetry": telemetry,
-            **AttemptId.of(dist).to_json(),
-        },
-    )
+    Result(
+        result=per_rank[0],
+        ranks=per_rank,
+        world_size=dist.world_size,
+        num_nodes=dist.num_nodes,
+        started_at=started_at,
+        train_seconds=round(time.time() - started_at, 3),
+        telemetry=telemetry,
+        attempt=AttemptId.of(dist),
+    ).write(run_dir)

@@ -18,9 +18,8 @@ from typing import Any
 
 from slurmddp.errors import PreflightError
 from slurmddp.experiment.schema import Preflight
-from slurmddp.files import write_json
 from slurmddp.job.process.distenv import DistEnv
-from slurmddp.rundir.layout import PREFLIGHT
+from slurmddp.rundir.outputs import PreflightReport
 from slurmddp.rundir.records import AttemptId, Failure
 
 REPEATS = 8
@@ -113,17 +112,10 @@ def device_problem(device_index: int, visible: int, host: str, rank: int) -> str
 def verdict(reports: Sequence[RankReport], settings: Preflight, nbytes: int, num_nodes: int) -> Verdict:
     """Judge the gathered reports (the same on every rank)."""
     world = len(reports)
-    host_of = {r.rank: r.host for r in reports}
     slowest = max((r.allreduce_s for r in reports), default=0.0)
     bus = bus_gbps(nbytes, slowest, world)
-    links = tuple(
-        Link(host_of[r.ring_from], r.host, nbytes * 8 / r.ring_s / 1e9 if r.ring_s > 0 else 0.0)
-        for r in reports
-        if host_of[r.ring_from] != r.host
-    )
-    size = f"{nbytes / 2**20:g} MB over {world} ranks on {num_nodes} node(s)"
-    shown = "; ".join(f"{link.src}->{link.dst} {link.gbps:.2f} Gb/s" for link in links)
-    summary = f"all-reduce of {size}: bus {bus:.2f} Gb/s" + (f"; ring {shown}" if shown else "")
+    links = _ring_links(reports, nbytes)
+    summary = _summary(nbytes, world, num_nodes, bus, links)
     forced = sorted({r.host for r in reports if r.forced})
     if forced:
         return Verdict(
@@ -163,6 +155,23 @@ def verdict(reports: Sequence[RankReport], settings: Preflight, nbytes: int, num
     return Verdict(True, bus, links, summary)
 
 
+def _ring_links(reports: Sequence[RankReport], nbytes: int) -> tuple[Link, ...]:
+    """The ring transfers between two hosts, each in Gb/s (those within a node are left out)."""
+    host_of = {r.rank: r.host for r in reports}
+    return tuple(
+        Link(host_of[r.ring_from], r.host, nbytes * 8 / r.ring_s / 1e9 if r.ring_s > 0 else 0.0)
+        for r in reports
+        if host_of[r.ring_from] != r.host
+    )
+
+
+def _summary(nbytes: int, world: int, num_nodes: int, bus: float, links: Sequence[Link]) -> str:
+    """One line of what was measured: the all-reduce's size and bus bandwidth, each link's speed."""
+    size = f"{nbytes / 2**20:g} MB over {world} ranks on {num_nodes} node(s)"
+    shown = "; ".join(f"{link.src}->{link.dst} {link.gbps:.2f} Gb/s" for link in links)
+    return f"all-reduce of {size}: bus {bus:.2f} Gb/s" + (f"; ring {shown}" if shown else "")
+
+
 def slow_hosts(links: Sequence[Link], floor: float) -> list[str]:
     """The hosts to blame for slow links: a host on two or more slow links (its own network is the
     common factor); else both ends of the slowest link (with two nodes the two cannot be told apart)."""
@@ -181,35 +190,14 @@ def slow_hosts(links: Sequence[Link], floor: float) -> list[str]:
 def run(settings: Preflight, dist: DistEnv, device: Any, host: str, run_dir: Path) -> Verdict:
     """Measure on this rank, gather every rank's report, judge; raise PreflightError on a failure.
     Collective: every rank of the default process group must call it."""
-    import torch
     import torch.distributed as tdist
 
     began = time.perf_counter()
     count = max(1, int(settings.size_mb * 2**20) // 4)
     nbytes = count * 4
-    world = dist.world_size
     try:
-        data = torch.full((count,), contribution(dist.rank), dtype=torch.float32, device=device)
-        tdist.all_reduce(data)
-        sum_ok = bool(torch.all(data == expected_sum(world)).item())
-        _sync(device)
-        tdist.barrier()
-        started = time.perf_counter()
-        for _ in range(REPEATS):
-            tdist.all_reduce(data)
-        _sync(device)
-        allreduce_s = (time.perf_counter() - started) / REPEATS
-        ring_from, ring_s = _ring(dist.rank, world, data, device)
-        report = RankReport(
-            dist.rank,
-            host,
-            sum_ok,
-            allreduce_s,
-            ring_from,
-            ring_s,
-            forced=settings.fail_on_host == host,
-        )
-        gathered: list[Any] = [None] * world
+        report = _measure(settings, dist, device, host, count)
+        gathered: list[Any] = [None] * dist.world_size
         tdist.all_gather_object(gathered, report)
     except (RuntimeError, ValueError) as exc:
         # A peer that died or hung up: gloo names its address ("Connection closed by peer [ip]:port").
@@ -218,25 +206,51 @@ def run(settings: Preflight, dist: DistEnv, device: Any, host: str, run_dir: Pat
         ) from None
     result = verdict(gathered, settings, nbytes, dist.num_nodes)
     if dist.rank == 0:
-        write_json(
-            run_dir / PREFLIGHT,
-            {
-                "ok": result.ok,
-                "message": result.message,
-                "bus_gbps": result.bus_gbps,
-                "bytes": nbytes,
-                "repeats": REPEATS,
-                "seconds": time.perf_counter() - began,
-                "suspects": list(result.suspects),
-                "links": [asdict(link) for link in result.links],
-                "ranks": [asdict(r) for r in gathered],
-            },
-        )
+        PreflightReport(
+            ok=result.ok,
+            message=result.message,
+            bus_gbps=result.bus_gbps,
+            nbytes=nbytes,
+            repeats=REPEATS,
+            seconds=time.perf_counter() - began,
+            suspects=list(result.suspects),
+            links=[asdict(link) for link in result.links],
+            ranks=[asdict(r) for r in gathered],
+        ).write(run_dir)
     if not result.ok:
         raise _fail(dist, run_dir, f"preflight failed: {result.message}", result.suspects)
     if dist.rank == 0:
         print(f"slurmddp: preflight ok in {time.perf_counter() - began:.2f} s: {result.message}", flush=True)
     return result
+
+
+def _measure(settings: Preflight, dist: DistEnv, device: Any, host: str, count: int) -> RankReport:
+    """This rank's report: one checked all-reduce of `count` float32s, REPEATS timed ones, and one
+    ring transfer. Collective, as `run` is."""
+    import torch
+    import torch.distributed as tdist
+
+    world = dist.world_size
+    data = torch.full((count,), contribution(dist.rank), dtype=torch.float32, device=device)
+    tdist.all_reduce(data)
+    sum_ok = bool(torch.all(data == expected_sum(world)).item())
+    _sync(device)
+    tdist.barrier()
+    started = time.perf_counter()
+    for _ in range(REPEATS):
+        tdist.all_reduce(data)
+    _sync(device)
+    allreduce_s = (time.perf_counter() - started) / REPEATS
+    ring_from, ring_s = _ring(dist.rank, world, data, device)
+    return RankReport(
+        dist.rank,
+        host,
+        sum_ok,
+        allreduce_s,
+        ring_from,
+        ring_s,
+        forced=settings.fail_on_host == host,
+    )
 
 
 def _ring(rank: int, world: int, data: Any, device: Any) -> tuple[int, float]:

@@ -31,7 +31,6 @@ it who has reached the rendezvous store (job/process/rendezvous.py's `arrive`).
 from __future__ import annotations
 
 import faulthandler
-import json
 import os
 import socket
 import sys
@@ -43,9 +42,9 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from slurmddp.files import write_json
 from slurmddp.job.process import startwatch
 from slurmddp.job.process.distenv import DistEnv, rank_hosts
+from slurmddp.rundir import hangs
 from slurmddp.rundir.layout import HANGS
 from slurmddp.rundir.records import AttemptId, Failure
 
@@ -212,7 +211,7 @@ class Watchdog:
             "waiting": waiting_in_collective(main),
             "where": innermost(main),
         }
-        write_json(self._dir / f"rank_{rank}.json", report)
+        hangs.write_report(self._dir, report)
 
     def _conclude(
         self, judge: Callable[[list[dict[str, Any]]], tuple[dict[str, Any], Failure]], *, stand_in: bool
@@ -222,12 +221,12 @@ class Watchdog:
         it recorded why). Then this rank exits. `stand_in`: the lowest rank that reported does it
         when rank 0 did not. Not for a hang in the training: there a dead rank 0 is the peer watch's
         to record, and a living one may only have a longer automatic timeout than this rank."""
-        summary = self._dir / "summary.json"
+        summary = hangs.summary_path(self._dir)
         if self._dist.rank == 0 or (stand_in and self._stands_in(summary)):
             wait = GATHER_S if self._dist.rank == 0 else 0.0
             reports = _collect(self._dir, self._dist.world_size, time.monotonic() + wait)
             verdict, failure = judge(reports)
-            write_json(summary, {**verdict, "reports": reports})
+            hangs.write_summary(self._dir, verdict, reports)
             failure.write(self._run_dir, replace=True)
             print(f"slurmddp: {failure.cause}; ending the attempt", file=sys.stderr, flush=True)
         else:
@@ -238,11 +237,11 @@ class Watchdog:
         """Whether this rank records the verdict in rank 0's stead: rank 0 reported nothing within
         GATHER_S (gone, stuck holding the GIL, or, at the start, already past it) and this is the
         lowest rank that did."""
-        rank_0 = self._dir / "rank_0.json"
+        rank_0 = hangs.report_path(self._dir, 0)
         _until(lambda: rank_0.exists() or summary.exists(), GATHER_S)
         if rank_0.exists() or summary.exists():
             return False
-        reported = sorted(int(path.stem.removeprefix("rank_")) for path in self._dir.glob("rank_*.json"))
+        reported = hangs.reported_ranks(self._dir)
         return reported[:1] == [self._dist.rank]
 
     def _hang(self, reports: list[dict[str, Any]]) -> tuple[dict[str, Any], Failure]:
@@ -323,12 +322,7 @@ def _host(where: Sequence[str], rank: int) -> str:
 
 def _collect(folder: Path, world_size: int, deadline: float) -> list[dict[str, Any]]:
     while True:
-        reports = []
-        for path in sorted(folder.glob("rank_*.json")):
-            try:
-                reports.append(json.loads(path.read_text()))
-            except (OSError, ValueError):
-                continue  # being written
+        reports = hangs.read_reports(folder)
         if len(reports) >= world_size or time.monotonic() > deadline:
             return reports
         time.sleep(0.2)

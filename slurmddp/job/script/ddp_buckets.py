@@ -20,13 +20,11 @@ finds unused parameters never rebuilds and is left alone.
 from __future__ import annotations
 
 import itertools
-import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from slurmddp.files import write_json
-from slurmddp.rundir.layout import DDP_BUCKETS
+from slurmddp.rundir.ddp import BucketLayout
 
 
 def install(run_dir: Path, rank: int) -> None:
@@ -41,16 +39,16 @@ def install(run_dir: Path, rank: int) -> None:
     numbers = itertools.count()
 
     def init(self: Any, *args: Any, **kwargs: Any) -> None:
-        path = run_dir / DDP_BUCKETS / f"{next(numbers)}.json"
-        recorded = _read(path)
+        number = next(numbers)
+        recorded = BucketLayout.read(run_dir, number)
         seen: dict[str, Any] = {}
 
         def initial(tensors: Sequence[Any], limits: Sequence[int], *rest: Any) -> Any:
             seen["tensors"], seen["sparse"] = list(tensors), list(rest[0]) if rest else []
-            if recorded is not None and recorded["shapes"] == _shapes(tensors):
+            if recorded is not None and recorded.shapes == _shapes(tensors):
                 seen["replayed"] = True
                 # DDP reverses the buckets it is given (to approximate the gradients' order).
-                return list(reversed(recorded["buckets"])), list(reversed(recorded["limits"]))
+                return list(reversed(recorded.buckets)), list(reversed(recorded.limits))
             return assign(tensors, limits, *rest)
 
         dist._compute_bucket_assignment_by_size = initial
@@ -59,12 +57,14 @@ def install(run_dir: Path, rank: int) -> None:
         finally:
             dist._compute_bucket_assignment_by_size = assign
         if rank == 0 and "tensors" in seen and not seen.get("replayed") and not self.find_unused_parameters:
-            _record_rebuilt(self, seen["tensors"], seen["sparse"], path, assign)
+            _record_rebuilt(self, seen["tensors"], seen["sparse"], run_dir, number, assign)
 
     DistributedDataParallel.__init__ = init  # type: ignore[method-assign]
 
 
-def _record_rebuilt(ddp: Any, params: list[Any], sparse: list[bool], path: Path, assign: Any) -> None:
+def _record_rebuilt(
+    ddp: Any, params: list[Any], sparse: list[bool], run_dir: Path, number: int, assign: Any
+) -> None:
     """Note the order of the first backward's gradients; at the next forward, once DDP rebuilt its
     buckets, write the layout that order gives, if it is the one DDP reports."""
     order: list[int] = []
@@ -92,7 +92,7 @@ def _record_rebuilt(ddp: Any, params: list[Any], sparse: list[bool], path: Path,
         sizes = " ".join(str(sum(_bytes(params[i]) for i in bucket)) for bucket in buckets)
         reported = (data.get("rebuilt_per_bucket_param_indices"), data.get("rebuilt_bucket_sizes"))
         if len(ready) == len(params) and (indices, sizes) == reported:
-            write_json(path, {"shapes": _shapes(params), "buckets": buckets, "limits": per_bucket})
+            BucketLayout(_shapes(params), buckets, per_bucket).write(run_dir, number)
         return output
 
     ddp.forward = watching
@@ -104,11 +104,3 @@ def _bytes(tensor: Any) -> int:
 
 def _shapes(tensors: Sequence[Any]) -> list[list[int]]:
     return [list(tensor.shape) for tensor in tensors]
-
-
-def _read(path: Path) -> dict[str, Any] | None:
-    try:
-        loaded = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return loaded if isinstance(loaded, dict) else None

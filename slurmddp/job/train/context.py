@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,7 +13,7 @@ from slurmddp.errors import SlurmddpError
 from slurmddp.job.process.distenv import DistEnv
 from slurmddp.job.spec import RunSettings
 from slurmddp.job.train.loop import LoopRuntime, LoopState, TrainLoop
-from slurmddp.rundir.layout import METRICS
+from slurmddp.rundir.metrics import MetricRecord, append_metric
 
 if TYPE_CHECKING:
     from torch.utils.data import DataLoader, Dataset
@@ -107,9 +106,7 @@ class RunContext:
             return
         # .item() for tensors: float() on one that requires grad warns.
         values = {name: float(getattr(v, "item", lambda v=v: v)()) for name, v in metrics.items()}
-        record = {"step": int(step), "time": round(time.time(), 3), **values}
-        with (self.run_dir / METRICS).open("a") as handle:
-            handle.write(json.dumps(record) + "\n")
+        append_metric(self.run_dir, MetricRecord(int(step), round(time.time(), 3), values))
         self._open_trackers().log(int(step), values)
 
     def _open_trackers(self) -> Trackers:

@@ -24,7 +24,6 @@ step per resume instead of `find_unused_parameters=True`'s graph walk in every s
 from __future__ import annotations
 
 import copy
-import json
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import ExitStack
@@ -35,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 from slurmddp.errors import CheckpointError, SlurmddpError
 from slurmddp.job.process import signals
 from slurmddp.job.process.stop import StopForRequeue
-from slurmddp.rundir.layout import METRICS
+from slurmddp.rundir.metrics import drop_metrics_from
 from slurmddp.rundir.records import AttemptId, Failure, LoopProgress, Progress, Stop
 
 if TYPE_CHECKING:
@@ -96,14 +95,32 @@ class TrainLoop:
     ) -> None:
         import torch
 
-        data = state.data
         self.total_steps = total_steps
+        self._place(runtime, checkpoint)
+        self._hold(state, ddp, precision)
+        self._start_counting()
+        # A stop signal arrived; a timed checkpoint is due; a telemetry record is due.
+        self._flags = torch.zeros(3, dtype=torch.int32, device=runtime.device)
+        self._pending: Any = None
+        self._check_own_sampler()
+        self._resume()
+
+    def _place(self, runtime: LoopRuntime, checkpoint: Checkpoint) -> None:
+        """Where this rank's loop runs, when it saves, and its collaborators."""
         self.rank = runtime.dist.rank
         self.run_dir = runtime.run_dir
         self.store = runtime.store
         self.every_steps = checkpoint.every_steps
         self.every_s = checkpoint.every_minutes * 60
         self.attempt = AttemptId.of(runtime.dist)
+        self._ddp_modules = runtime.ddp_modules
+        self._watchdog = runtime.watchdog
+        self.telemetry = runtime.telemetry
+        """Step times, data wait, communication (train/telemetry.py); None with telemetry.enabled=false."""
+
+    def _hold(self, state: LoopState, ddp: Ddp, precision: Precision) -> None:
+        """What the checkpoints keep, and the settings that state depends on."""
+        data = state.data
         self.objects = {name: obj for name, obj in state.objects.items() if obj is not None}
         self.extra = state.extra
         """User values saved with every checkpoint and restored on resume (rank 0's are kept)."""
@@ -116,10 +133,9 @@ class TrainLoop:
             **(data.identity() if data is not None else {}),
         }
         """What a checkpoint's state depends on besides the objects; a resume must find the same."""
-        self._ddp_modules = runtime.ddp_modules
-        self._watchdog = runtime.watchdog
-        self.telemetry = runtime.telemetry
-        """Step times, data wait, communication (train/telemetry.py); None with telemetry.enabled=false."""
+
+    def _start_counting(self) -> None:
+        """The counters of a loop that has run no step yet."""
         self.step = 0
         self.first_step = 0
         """The step this attempt started from (0, or the checkpoint it resumed)."""
@@ -134,11 +150,6 @@ class TrainLoop:
         """The step of the last save and this rank's problem with it, until every rank agreed on
         how it went (an async save is agreed on at the next save, the stop, or the end)."""
         self._progress_at = 0.0
-        # A stop signal arrived; a timed checkpoint is due; a telemetry record is due.
-        self._flags = torch.zeros(3, dtype=torch.int32, device=runtime.device)
-        self._pending: Any = None
-        self._check_own_sampler()
-        self._resume()
 
     @property
     def epoch(self) -> int:
@@ -188,7 +199,7 @@ class TrainLoop:
         self._resumed = info
         self.step = self._saved_step = self.first_step = info.step
         if self.rank == 0:
-            _drop_metrics_from(self.run_dir / METRICS, info.step)
+            drop_metrics_from(self.run_dir, info.step)
             print(f"slurmddp: resumed from {info.path} at step {info.step}", flush=True)
             if resized:
                 self._say_resized(info)
@@ -552,25 +563,3 @@ def _every_rank(problem: str | None) -> list[str | None]:
 
 def _first(problems: list[str | None]) -> str | None:
     return next((problem for problem in problems if problem is not None), None)
-
-
-def _drop_metrics_from(path: Path, step: int) -> None:
-    """Keep only the records of steps before `step`: the ones after it were logged by an attempt
-    that went on past its last checkpoint, and this attempt logs those steps again."""
-    try:
-        lines = path.read_text().splitlines()
-    except FileNotFoundError:
-        return
-    kept = [line for line in lines if _step_of(line) < step]
-    if len(kept) != len(lines):
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text("".join(line + "\n" for line in kept))
-        tmp.replace(path)
-
-
-def _step_of(line: str) -> float:
-    """A record's step; a line torn by a killed writer counts as past every step."""
-    try:
-        return float(json.loads(line)["step"])
-    except (ValueError, KeyError, TypeError):
-        return float("inf")

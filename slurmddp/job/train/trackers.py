@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import json
 import os
 import secrets
 import time
@@ -26,8 +25,8 @@ from typing import Any, Protocol
 
 from slurmddp.errors import ConfigError, SlurmddpError
 from slurmddp.experiment import schema
-from slurmddp.files import write_json
 from slurmddp.rundir.layout import TENSORBOARD, TRACKERS
+from slurmddp.rundir.trackers import TrackerIds
 
 MLFLOW_RUN_ID = "mlflow_run_id"
 WANDB_RUN_ID = "wandb_run_id"
@@ -63,7 +62,7 @@ class Trackers:
         experiment, recorded once as the run's parameters.
         """
         ids_path = run_dir / TRACKERS
-        ids: dict[str, str] = json.loads(ids_path.read_text()) if ids_path.exists() else {}
+        ids = TrackerIds.read(run_dir).ids
         sinks: list[_Sink] = []
         try:
             if settings.tensorboard:
@@ -134,9 +133,9 @@ def script_env(run_dir: Path, environ: Mapping[str, str]) -> dict[str, str]:
     return env
 
 
-def _remember(ids_path: Path, ids: dict[str, str], key: str, value: str) -> None:
+def _remember(run_dir: Path, ids: dict[str, str], key: str, value: str) -> None:
     ids[key] = value
-    write_json(ids_path, ids)
+    TrackerIds(ids).write(run_dir)
 
 
 def _tensorboard(log_dir: Path, first_step: int) -> _Sink:
@@ -201,7 +200,7 @@ def _mlflow(
         experiment_name = settings.project or name
         experiment = client.get_experiment_by_name(experiment_name)
         experiment_id = experiment.experiment_id if experiment else client.create_experiment(experiment_name)
-        _remember(ids_path, ids, MLFLOW_RUN_ID, client.create_run(experiment_id, run_name=name).info.run_id)
+        _remember(run_dir, ids, MLFLOW_RUN_ID, client.create_run(experiment_id, run_name=name).info.run_id)
         # Once only: MLflow refuses to change a logged param, and a resubmission may change one.
         client.log_batch(ids[MLFLOW_RUN_ID], params=[Param(k, v) for k, v in _flat(config).items()])
     else:
@@ -243,7 +242,7 @@ def _wandb(
         # Kept before init, so an attempt that dies inside it leaves no second run behind. Our own
         # id: wandb 0.31 no longer has wandb.util.generate_id, and lowercase hex is a valid W&B id.
         run_id = secrets.token_hex(8)
-        _remember(ids_path, ids, WANDB_RUN_ID, run_id)
+        _remember(run_dir, ids, WANDB_RUN_ID, run_id)
     run = wandb.init(
         project=settings.project or name,
         id=run_id,

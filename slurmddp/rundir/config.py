@@ -1,0 +1,42 @@
+"""RUN_DIR/config.yaml: the resolved experiment (every key the schema knows, the profile merged in),
+written at submit time and replaced by a resubmit. The batch script reads its requeue settings
+from it, and a resubmit loads it again as the experiment that was submitted."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from slurmddp import yamlio
+from slurmddp.files import write_atomic
+from slurmddp.rundir.layout import CONFIG
+
+
+def read_config(run_dir: Path) -> dict[str, Any]:
+    """The resolved experiment as a mapping ({} where the file holds none); the OSError or the
+    yaml.YAMLError where it cannot be read."""
+    loaded = yamlio.load((run_dir / CONFIG).read_text())
+    return loaded if isinstance(loaded, dict) else {}
+
+
+def write_config(run_dir: Path, resolved: Mapping[str, Any], *, durable: bool = True) -> None:
+    """Write the resolved experiment. `durable=False`: a plain write, for the many elements of a
+    sweep, whose manifest (written durably after them) is what makes the sweep exist."""
+    text = yamlio.dump(dict(resolved))
+    if durable:
+        write_atomic(run_dir / CONFIG, text)
+    else:
+        (run_dir / CONFIG).write_text(text)
+
+
+def replace_config(run_dir: Path, resolved: Mapping[str, Any]) -> str:
+    """Write the resolved experiment over the run's; the text it replaced, for `restore_config`."""
+    before = (run_dir / CONFIG).read_text()
+    write_config(run_dir, resolved)
+    return before
+
+
+def restore_config(run_dir: Path, before: str) -> None:
+    """Put back, byte for byte, the config.yaml that `replace_config` replaced."""
+    write_atomic(run_dir / CONFIG, before)
