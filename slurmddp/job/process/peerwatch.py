@@ -133,26 +133,38 @@ class PeerWatch:
         self.step_of: Callable[[], int | None] = lambda: None
         """The step rank 0's training is at, for the failure record; set once the loop exists."""
         if dist.rank == 0:
-            # crashed() wakes the selector through it: rank 0's own crash cannot wait for a poll.
-            self._wake, self._waker = socket.socketpair()
-            self._server = _listen()
-            for sock in (self._server, self._wake, self._waker):
-                forks.keep_from_children(sock)
-            # Set here, not in the thread: the others' first read of the store waits for it.
-            store.set(ADDRESS_KEY, str(self._server.getsockname()[1]))
+            self._open_port(store)
             target: Callable[[], None] = self._serve
         else:
-            # Here, not in the thread: a daemon thread still inside a torch (C++) call when the
-            # process exits dies with "terminate called without an active exception". Rank 0 sets
-            # it before its own process group forms, which this rank's waits for anyway.
-            try:
-                port = int(store.get(ADDRESS_KEY))
-            except Exception as exc:
-                self._say(f"warning: no peer watch ({exc!r}): a peer that dies without a word is found late")
-                self._unwatched(f"could not start: the store has no watch address ({exc!r})")
+            port = self._rank0_port(store)
+            if port is None:
                 return
             target = functools.partial(self._follow, port)
         threading.Thread(target=self._running(target), name="slurmddp-peerwatch", daemon=True).start()
+
+    def _open_port(self, store: Store) -> None:
+        """Rank 0, before the watch's thread starts: open the port the other ranks connect to, and
+        publish it in the store."""
+        # crashed() wakes the selector through it: rank 0's own crash cannot wait for a poll.
+        self._wake, self._waker = socket.socketpair()
+        self._server = _listen()
+        for sock in (self._server, self._wake, self._waker):
+            forks.keep_from_children(sock)
+        # Set here, not in the thread: the others' first read of the store waits for it.
+        store.set(ADDRESS_KEY, str(self._server.getsockname()[1]))
+
+    def _rank0_port(self, store: Store) -> int | None:
+        """A rank other than 0, before the watch's thread starts: the port rank 0 published; None,
+        said and recorded, where the store has none."""
+        # Here, not in the thread: a daemon thread still inside a torch (C++) call when the
+        # process exits dies with "terminate called without an active exception". Rank 0 sets
+        # it before its own process group forms, which this rank's waits for anyway.
+        try:
+            return int(store.get(ADDRESS_KEY))
+        except Exception as exc:
+            self._say(f"warning: no peer watch ({exc!r}): a peer that dies without a word is found late")
+            self._unwatched(f"could not start: the store has no watch address ({exc!r})")
+            return None
 
     def leave(self) -> None:
         """This rank ends in order: its end is no death. Rank 0's end ends the watch for all."""

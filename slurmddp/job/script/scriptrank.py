@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
+from typing import TYPE_CHECKING, NoReturn
 
 from slurmddp.defaults import LOCAL_REQUEUE_STATUS
 from slurmddp.errors import EntrypointFailed
@@ -29,6 +30,27 @@ from slurmddp.job.train import trackers
 from slurmddp.job.train.loop import PROGRESS_EVERY_S
 from slurmddp.rundir.records import AttemptId, Failure, Progress, Stop
 
+if TYPE_CHECKING:
+    from torch._C._distributed_c10d import Store
+
+
+@dataclasses.dataclass(frozen=True)
+class _ScriptRun:
+    """How the script ended, as this rank saw it, and what the rank's end still needs."""
+
+    code: int
+    """The script's exit status."""
+    step: int | None
+    """The optimizer steps of this attempt, if the script counted any."""
+    before: int
+    """The optimizer steps of the run's earlier attempts."""
+    finished: bool
+    """The script itself ended with status 0."""
+    stopped_on: int | None
+    """The stop signal the script stopped for by agreement, if it did."""
+    store: Store
+    watch: peerwatch.PeerWatch | None
+
 
 def run_script(spec: RankSpec, dist: DistEnv) -> int:
     """Run a torchrun-style script as this rank. A stop signal reaches it as SIGTERM, the signal
@@ -38,6 +60,34 @@ def run_script(spec: RankSpec, dist: DistEnv) -> int:
     if dist.rank == 0:
         rendezvous.check_port_free(dist.master_port)
     command = spec.command()
+    run = _run_child(spec, dist, command)
+    if dist.rank == 0 and run.step is not None:
+        # The attempt's last count, which the next attempt goes on from.
+        Progress(run.before + run.step, AttemptId.of(dist), time.time()).write(Path(spec.run_dir))
+    # A script that stopped by agreement stopped, even where this process heard no signal itself.
+    stop = signals.received() or run.stopped_on
+    code = run.code
+    if stop is None and code < 0 and run.finished:
+        print(
+            f"slurmddp: rank {dist.rank}: {shlex.join(command)} ended with status 0, then its process "
+            f"died of {signals.name(-code)} while Python shut down; counted as completed",
+            file=sys.stderr,
+            flush=True,
+        )
+        code = 0
+    if run.watch is not None and (stop is not None or code == 0):
+        run.watch.leave()
+    if stop is None and code != 0:
+        _end_failed(spec, dist, command, run, code)
+    if stop is not None:
+        _end_stopped(spec, dist, run, stop, code)
+    rendezvous.exit_barrier(run.store, dist, spec.dist.timeout_s, signals.stopping)
+    return code
+
+
+def _run_child(spec: RankSpec, dist: DistEnv, command: list[str]) -> _ScriptRun:
+    """Run the script as this process's child while this process hosts the store and the peer
+    watch; return once the script has ended."""
     began = time.monotonic()
     with tempfile.NamedTemporaryFile(prefix="slurmddp-steps-") as steps:
         # This process hosts the store, as torchrun's agent does: it outlives the script (module
@@ -63,42 +113,32 @@ def run_script(spec: RankSpec, dist: DistEnv) -> int:
         step = scriptrun.read_steps(Path(steps.name))
         finished = scriptrun.read_finished(Path(steps.name))
         stopped_on = scriptrun.read_stopped(Path(steps.name))
-    if dist.rank == 0 and step is not None:
-        # The attempt's last count, which the next attempt goes on from.
-        Progress(before + step, AttemptId.of(dist), time.time()).write(Path(spec.run_dir))
-    # A script that stopped by agreement stopped, even where this process heard no signal itself.
-    stop = signals.received() or stopped_on
-    if stop is None and code < 0 and finished:
-        print(
-            f"slurmddp: rank {dist.rank}: {shlex.join(command)} ended with status 0, then its process "
-            f"died of {signals.name(-code)} while Python shut down; counted as completed",
-            file=sys.stderr,
-            flush=True,
-        )
-        code = 0
-    if watch is not None and (stop is not None or code == 0):
-        watch.leave()
-    if stop is None and code != 0:
-        # Before srun's SIGTERM reaches the other ranks: their stop is no stop request.
-        error = f"{shlex.join(command)} exited with status {code}{_after(step)}"
-        _record_failure(Path(spec.run_dir), dist, step, error, code)
-        if watch is not None:
-            watch.crashed()
-        raise EntrypointFailed(f"rank {dist.rank}: {shlex.join(command)} exited with status {code}")
-    if stop is not None:
-        if dist.rank == 0:
-            Stop(
-                step=None if step is None else before + step,
-                signal=signals.name(stop),
-                signal_at=signals.received_at(),
-                attempt=AttemptId.of(dist),
-                time=time.time(),
-                script_status=code,
-            ).write(Path(spec.run_dir))
-        if spec.executor == "local":
-            raise SystemExit(LOCAL_REQUEUE_STATUS)
-    rendezvous.exit_barrier(store, dist, spec.dist.timeout_s, signals.stopping)
-    return code
+    return _ScriptRun(code, step, before, finished, stopped_on, store, watch)
+
+
+def _end_failed(spec: RankSpec, dist: DistEnv, command: list[str], run: _ScriptRun, code: int) -> NoReturn:
+    """The script failed with no stop asked for: record it, tell the peers, raise EntrypointFailed."""
+    # Before srun's SIGTERM reaches the other ranks: their stop is no stop request.
+    error = f"{shlex.join(command)} exited with status {code}{_after(run.step)}"
+    _record_failure(Path(spec.run_dir), dist, run.step, error, code)
+    if run.watch is not None:
+        run.watch.crashed()
+    raise EntrypointFailed(f"rank {dist.rank}: {shlex.join(command)} exited with status {code}")
+
+
+def _end_stopped(spec: RankSpec, dist: DistEnv, run: _ScriptRun, signum: int, code: int) -> None:
+    """The script stopped for `signum`: rank 0 records the stop; a local run ends for its requeue."""
+    if dist.rank == 0:
+        Stop(
+            step=None if run.step is None else run.before + run.step,
+            signal=signals.name(signum),
+            signal_at=signals.received_at(),
+            attempt=AttemptId.of(dist),
+            time=time.time(),
+            script_status=code,
+        ).write(Path(spec.run_dir))
+    if spec.executor == "local":
+        raise SystemExit(LOCAL_REQUEUE_STATUS)
 
 
 def _record_failure(run_dir: Path, dist: DistEnv, step: int | None, error: str, code: int) -> None:

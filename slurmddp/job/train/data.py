@@ -114,16 +114,7 @@ def make_loader(
     beat: Callable[[], None] | None = None,
 ) -> DataLoader[Any]:
     """What `ctx.loader` returns: a plain DataLoader over this rank's share."""
-    if "sampler" in options or "batch_sampler" in options or "batch_size" in options:
-        raise SlurmddpError(
-            "ctx.loader chooses the sampler and the per-rank batch size (global_batch // world size); "
-            "pass global_batch, or build your own DataLoader"
-        )
-    if global_batch < 1 or global_batch % world_size:
-        raise SlurmddpError(
-            f"global_batch={global_batch} cannot be split evenly over {world_size} ranks; use a multiple "
-            f"of {world_size} (each rank takes global_batch // {world_size})"
-        )
+    _check_batching(options, global_batch, world_size)
     per_rank = global_batch // world_size
     length = len(dataset)  # type: ignore[arg-type]
     if not shuffle:
@@ -135,6 +126,49 @@ def make_loader(
             pin_memory=pin_memory,
             **options,
         )
+    return _training_loader(
+        dataset,
+        length=length,
+        global_batch=global_batch,
+        per_rank=per_rank,
+        rank=rank,
+        world_size=world_size,
+        seed=seed,
+        num_workers=num_workers,
+        pin_memory=pin_memory,
+        options=options,
+    )
+
+
+def _check_batching(options: Mapping[str, Any], global_batch: int, world_size: int) -> None:
+    """Raise where the DataLoader options or `global_batch` leave ctx.loader no even per-rank batch."""
+    if "sampler" in options or "batch_sampler" in options or "batch_size" in options:
+        raise SlurmddpError(
+            "ctx.loader chooses the sampler and the per-rank batch size (global_batch // world size); "
+            "pass global_batch, or build your own DataLoader"
+        )
+    if global_batch < 1 or global_batch % world_size:
+        raise SlurmddpError(
+            f"global_batch={global_batch} cannot be split evenly over {world_size} ranks; use a multiple "
+            f"of {world_size} (each rank takes global_batch // {world_size})"
+        )
+
+
+def _training_loader(
+    dataset: Dataset[Any],
+    *,
+    length: int,
+    global_batch: int,
+    per_rank: int,
+    rank: int,
+    world_size: int,
+    seed: int,
+    num_workers: int,
+    pin_memory: bool,
+    options: Mapping[str, Any],
+) -> DataLoader[Any]:
+    """A shuffled, resumable loader of this rank's share of `dataset` (`length` samples): full
+    global batches only, each sample's randomness seeded from (seed, epoch, index)."""
     if length // global_batch == 0:
         raise SlurmddpError(
             f"the data set has {length} samples, fewer than one global batch of {global_batch}: "
