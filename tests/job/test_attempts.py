@@ -12,7 +12,7 @@ import pytest
 from slurmddp.defaults import EXIT_FINISHED, EXIT_RESTART_IN_JOB, IN_JOB_RESTART_ENV
 from slurmddp.errors import ConfigError
 from slurmddp.experiment.schema import Requeue
-from slurmddp.job.allocation import attempts, requeue
+from slurmddp.job.allocation import attempts, outcome
 from slurmddp.rundir import records
 from slurmddp.rundir.records import (
     AttemptId,
@@ -144,8 +144,8 @@ def test_a_killed_attempt_is_recorded_at_the_next_begin(tmp_path: Path) -> None:
 
 def test_array_tasks_requeue_alone() -> None:
     env = {"SLURM_JOB_ID": "90", "SLURM_ARRAY_JOB_ID": "88", "SLURM_ARRAY_TASK_ID": "2"}
-    assert requeue.requeue_target(env) == "88_2"
-    assert requeue.requeue_target({"SLURM_JOB_ID": "90"}) == "90"
+    assert outcome.requeue_target(env) == "88_2"
+    assert outcome.requeue_target({"SLURM_JOB_ID": "90"}) == "90"
 
 
 def test_the_batch_script_does_not_record_an_attempt_twice(
@@ -343,14 +343,14 @@ def test_a_node_that_went_down_under_the_attempt_explains_its_end(tmp_path: Path
 
 
 def test_the_policy_reads_the_runs_sections_through_the_schema(tmp_path: Path) -> None:
-    settings = requeue.Settings.of_run(run_dir(tmp_path, max_failures=5))
+    settings = outcome.Settings.of_run(run_dir(tmp_path, max_failures=5))
     defaults = Requeue()
     assert (settings.budget("failure"), settings.budget("timeout")) == (5, defaults.max_timeouts)
     assert settings.requeue.signal_lead_s == defaults.signal_lead_s
     # Only its own sections: another section's checks (a tracker this Python lacks) are the ranks'.
     (tmp_path / "config.yaml").write_text("requeue: {max_failures: -2}\ntrackers: {mlflow: true}\n")
     with pytest.raises(ConfigError, match=r"config.yaml: requeue: requeue.max_failures: must be >= -1"):
-        requeue.Settings.of_run(tmp_path)
+        outcome.Settings.of_run(tmp_path)
 
 
 def crashed(

@@ -16,7 +16,7 @@ from rich.filesize import decimal
 from slurmddp import ResumableDistributedSampler
 from slurmddp.errors import CheckpointError, SlurmddpError
 from slurmddp.experiment.schema import Checkpoint, Ddp, Precision, Requeue, Resources
-from slurmddp.job.allocation import requeue
+from slurmddp.job.allocation import outcome, requeue
 from slurmddp.job.checkpoint import CheckpointStore, capture_rng_state
 from slurmddp.job.checkpoint import io as checkpoint_io
 from slurmddp.job.checkpoint import store as checkpoint_store
@@ -142,7 +142,7 @@ def test_no_intact_checkpoint_left_ends_the_run_for_good_with_why(tmp_path: Path
         tmp_path,
         1,
         {"SLURM_JOB_ID": "1", "SLURM_RESTART_COUNT": "0"},
-        requeue.Settings(Requeue(), Resources()),
+        outcome.Settings(Requeue(), Resources()),
         preempt_time=lambda job: None,
         failed_nodes=lambda nodes, since: {},
     )

@@ -14,7 +14,7 @@ from conftest import ROOT
 from slurmddp.errors import ConfigError
 from slurmddp.experiment.load import load_experiment
 from slurmddp.experiment.schema import Preflight
-from slurmddp.job.allocation import requeue
+from slurmddp.job.allocation import outcome, requeue
 from slurmddp.job.process import preflight
 from slurmddp.job.process.preflight import Link, RankReport
 from slurmddp.rundir.records import AttemptId, Failure
@@ -137,7 +137,7 @@ def test_a_preflight_failure_is_not_requeued(tmp_path: Path, monkeypatch: pytest
     (tmp_path / "config.yaml").write_text("requeue:\n  max_failures: 3\n")
     env = {"SLURM_JOB_ID": "7", "SLURM_RESTART_COUNT": "0"}
     Failure(None, 0, "preflight failed: n2", AttemptId("7", 0), 1.0, retry=False).write(tmp_path)
-    settings = requeue.Settings.of_run(tmp_path)
+    settings = outcome.Settings.of_run(tmp_path)
     decision = requeue.decide(tmp_path, 1, env, settings, preempt_time=lambda job: None)
     assert not decision.requeue and decision.message == "preflight failed: n2: not retrying"
 

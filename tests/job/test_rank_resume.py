@@ -24,7 +24,7 @@ from resume_train import STOP_AT_ENV
 
 from slurmddp.defaults import LOCAL_REQUEUE_STATUS
 from slurmddp.experiment.schema import Requeue, Resources
-from slurmddp.job.allocation import requeue
+from slurmddp.job.allocation import outcome, requeue
 from slurmddp.job.checkpoint.space import bytes_on_disk
 
 HERE = Path(__file__).resolve().parent
@@ -266,7 +266,7 @@ def test_a_full_checkpoint_disk_costs_checkpoints_but_not_the_run(
             run,
             1,
             {"SLURM_JOB_ID": str(CRAMPED_3), "SLURM_RESTART_COUNT": "0"},
-            requeue.Settings(Requeue(), Resources()),
+            outcome.Settings(Requeue(), Resources()),
             preempt_time=lambda job: None,
             failed_nodes=lambda nodes, since: {},
         )

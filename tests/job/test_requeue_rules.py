@@ -13,7 +13,8 @@ import pytest
 from slurmddp.defaults import LOCAL_REQUEUE_STATUS
 from slurmddp.experiment.schema import Requeue, Resources
 from slurmddp.job.allocation import requeue
-from slurmddp.job.allocation.requeue import Decision, Local, Outcome, Settings, Slurm
+from slurmddp.job.allocation.outcome import Local, Outcome, Settings, Slurm
+from slurmddp.job.allocation.requeue import Decision
 from slurmddp.rundir import records
 from slurmddp.rundir.records import AttemptId, Begin, CodeSite, End, Failure, Progress, Stop
 

@@ -30,21 +30,19 @@ from pathlib import Path
 from slurmddp.cluster import hostlist, slurm
 from slurmddp.defaults import EXIT_FINISHED, EXIT_RESTART_IN_JOB
 from slurmddp.files import write_atomic
-from slurmddp.job.allocation.requeue import (
-    Decision,
+from slurmddp.job.allocation.outcome import (
     FailedNodes,
     Local,
     PartitionNodes,
     PreemptTime,
     Settings,
     TimeLeft,
-    decide,
-    decide_local,
     leave_out_failed_nodes,
     progress_step,
     requeue_target,
     step_hosts,
 )
+from slurmddp.job.allocation.requeue import Decision, decide, decide_local
 from slurmddp.rundir import records, watchkey
 from slurmddp.rundir.layout import STEP_HOSTS
 from slurmddp.rundir.records import CANCELLED, AttemptEvent, AttemptId, Begin, End, Exclusions
