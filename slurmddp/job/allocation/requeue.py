@@ -151,21 +151,13 @@ def restart_on_spare(outcome: Outcome) -> Decision | None:
     spares = outcome.spares_for(outcome.leaving_out)
     on = f"{', '.join(spares)} instead" if spares else "the nodes left"
     message = f"failure{_at(outcome.step)}{outcome.why}; {_restart_text(outcome)} on {on}"
-    if outcome.confirmed:
-        return Decision(
-            "failure",
-            outcome.step,
-            True,
-            message,
-            outcome.confirmed,
-            in_job=True,
-            signature=outcome.signature,
-        )
+    # Confirmed hosts leave for good; suspects (none where a host is confirmed) for this allocation.
     return Decision(
         "failure",
         outcome.step,
         True,
         message,
+        outcome.confirmed,
         in_job=True,
         signature=outcome.signature,
         set_aside=outcome.set_aside,
