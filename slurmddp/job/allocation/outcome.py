@@ -53,8 +53,6 @@ class Settings:
         (trackers.mlflow needs mlflow), and the batch script may run outside the ranks' container."""
         path = run_dir / CONFIG
         config = read_config(run_dir)
-        if not isinstance(config, dict):
-            config = {}
         return cls(_section(Requeue, config, "requeue", path), _section(Resources, config, "resources", path))
 
     def budget(self, reason: RequeueReason) -> int:
