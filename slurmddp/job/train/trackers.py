@@ -61,16 +61,15 @@ class Trackers:
         start): what earlier attempts logged from there on is stale. `config` is the resolved
         experiment, recorded once as the run's parameters.
         """
-        ids_path = run_dir / TRACKERS
         ids = TrackerIds.read(run_dir).ids
         sinks: list[_Sink] = []
         try:
             if settings.tensorboard:
                 sinks.append(_tensorboard(run_dir / TENSORBOARD, first_step))
             if settings.mlflow:
-                sinks.append(_mlflow(run_dir, settings, name, config, ids, ids_path))
+                sinks.append(_mlflow(run_dir, settings, name, config, ids))
             if settings.wandb:
-                sinks.append(_wandb(run_dir, settings, name, config, ids, ids_path))
+                sinks.append(_wandb(run_dir, settings, name, config, ids))
         except BaseException:
             cls(sinks).close()
             raise
@@ -180,7 +179,6 @@ def _mlflow(
     name: str,
     config: Mapping[str, Any],
     ids: dict[str, str],
-    ids_path: Path,
 ) -> _Sink:
     try:
         from mlflow.entities import Metric, Param
@@ -207,9 +205,10 @@ def _mlflow(
         try:
             client.update_run(ids[MLFLOW_RUN_ID], status="RUNNING")
         except MlflowException as exc:
+            path = run_dir / TRACKERS
             raise SlurmddpError(
-                f"{ids_path}: MLflow run {ids[MLFLOW_RUN_ID]} of an earlier attempt is not in {uri} "
-                f"({exc}); restore it there, or delete {MLFLOW_RUN_ID} from {ids_path} to start a new "
+                f"{path}: MLflow run {ids[MLFLOW_RUN_ID]} of an earlier attempt is not in {uri} "
+                f"({exc}); restore it there, or delete {MLFLOW_RUN_ID} from {path} to start a new "
                 "MLflow run"
             ) from None
     run_id = ids[MLFLOW_RUN_ID]
@@ -231,7 +230,6 @@ def _wandb(
     name: str,
     config: Mapping[str, Any],
     ids: dict[str, str],
-    ids_path: Path,
 ) -> _Sink:
     try:
         import wandb
