@@ -5,20 +5,36 @@ errors to exit statuses. The commands themselves live in the *_cmd modules, one 
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
+import signal
 import sys
 import textwrap
 from importlib import metadata
 
 import argcomplete
 
-from slurmddp.cli import doctor_cmd, init_cmd, manage_cmd, scale_cmd, submit_cmd
+from slurmddp.cli import doctor_cmd, habits, init_cmd, manage_cmd, scale_cmd, submit_cmd
 from slurmddp.defaults import VERSION
 from slurmddp.errors import EXIT_INTERRUPTED, SlurmddpError
 
+EXIT_BROKEN_PIPE = 128 + signal.SIGPIPE
+"""What a shell reports for a process that SIGPIPE ended, as it ends `git log | head`."""
+
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parse(sys.argv[1:] if argv is None else argv)
+    try:
+        return _run(sys.argv[1:] if argv is None else argv)
+    except BrokenPipeError:
+        return _reader_gone()
+
+
+def _run(argv: list[str]) -> int:
+    # Each flush here, where a closed pipe is caught, not at the interpreter's exit.
+    try:
+        args = _parse(argv)
+    finally:
+        sys.stdout.flush()  # --help's text
     try:
         return int(args.func(args))
     except SlurmddpError as exc:
@@ -27,6 +43,18 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("slurmddp: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
+    finally:
+        sys.stdout.flush()
+
+
+def _reader_gone() -> int:
+    """The reader of stdout left (`| head`, `| true`): end quietly, as git and coreutils do, with
+    128 + SIGPIPE, so a pipeline under `set -o pipefail` still sees the output was cut short."""
+    # Python's recipe (library/signal.html, "Note on SIGPIPE"): stdout points at /dev/null, so
+    # that the flush at the interpreter's exit does not fail again with a traceback.
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    return EXIT_BROKEN_PIPE
 
 
 def version() -> str:
@@ -91,4 +119,9 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     argcomplete.autocomplete(top)
     if not argv or argv[0] not in commands:
         top.parse_args(argv[:1])  # prints usage and exits 2, or help for -h, or the version
-    return commands[argv[0]].parse_intermixed_args(argv[1:])
+    parser = commands[argv[0]]
+    args, extras = parser.parse_known_intermixed_args(argv[1:])
+    if extras:
+        # Flags from sbatch or torchrun (--nodes 2) are answered with the override to write instead.
+        parser.error(habits.unrecognized(argv[1:], extras, takes_overrides=hasattr(args, "overrides")))
+    return args

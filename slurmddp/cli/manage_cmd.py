@@ -9,10 +9,10 @@ import json
 import sys
 from pathlib import Path
 
+from slurmddp.cli import waiting
 from slurmddp.cli.arguments import index_arg, positive_int, run_arg, wait_arg
-from slurmddp.errors import EXIT_JOB_FAILED, SlurmddpError
-from slurmddp.manage import actions, index, logs, ranking, report, runs, scaling_study
-from slurmddp.manage.follow import FINAL_OK, follow
+from slurmddp.errors import SlurmddpError
+from slurmddp.manage import actions, ctrl_c, index, listing, logs, ranking, report, runs, scaling_study
 
 # The README defines these figures once ("Sweeps and managing runs"); the help only points there.
 ACCOUNTING_HELP = (
@@ -23,30 +23,48 @@ ACCOUNTING_HELP = (
 
 
 def parsers() -> dict[str, argparse.ArgumentParser]:
-    status = argparse.ArgumentParser(
+    return {
+        "status": _status_parser(),
+        "logs": _logs_parser(),
+        "interrupt": _interrupt_parser(),
+        "cancel": _cancel_parser(),
+        "resubmit": _resubmit_parser(),
+        "list": _list_parser(),
+        "results": _results_parser(),
+    }
+
+
+def _status_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
         prog="slurmddp status",
         description="Show the state of a run or of every element of a sweep.",
         epilog=ACCOUNTING_HELP,
     )
-    run_arg(status, optional=True)
-    status.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    status.set_defaults(func=_status)
-    logs_parser = argparse.ArgumentParser(prog="slurmddp logs", description="Print (or follow) a rank's log.")
-    run_arg(logs_parser)
-    index_arg(logs_parser)
-    logs_parser.add_argument("--rank", type=int, default=0, help="the rank whose log to show (default 0)")
-    logs_parser.add_argument(
-        "--err", action="store_true", help="show the rank's stderr instead of its stdout"
-    )
-    logs_parser.add_argument("-f", "--follow", action="store_true", help="keep printing until the job ends")
-    logs_parser.set_defaults(func=_logs)
-    interrupt = argparse.ArgumentParser(
+    run_arg(parser, optional=True)
+    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    parser.set_defaults(func=_status)
+    return parser
+
+
+def _logs_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="slurmddp logs", description="Print (or follow) a rank's log.")
+    run_arg(parser, optional=True)
+    index_arg(parser)
+    parser.add_argument("--rank", type=int, default=0, help="the rank whose log to show (default 0)")
+    parser.add_argument("--err", action="store_true", help="show the rank's stderr instead of its stdout")
+    parser.add_argument("-f", "--follow", action="store_true", help="keep printing until the job ends")
+    parser.set_defaults(func=_logs)
+    return parser
+
+
+def _interrupt_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
         prog="slurmddp interrupt",
         description="Send a running job what Slurm sends on a preemption or a time limit (to test resume).",
     )
-    run_arg(interrupt)
-    index_arg(interrupt)
-    kind = interrupt.add_mutually_exclusive_group(required=True)
+    run_arg(parser, optional=True)
+    index_arg(parser)
+    kind = parser.add_mutually_exclusive_group(required=True)
     kind.add_argument(
         "--preempt",
         dest="reason",
@@ -63,14 +81,25 @@ def parsers() -> dict[str, argparse.ArgumentParser]:
         help="as its time limit drawing near: the ranks save a checkpoint and the job requeues itself "
         "(counted against requeue.max_timeouts)",
     )
-    interrupt.set_defaults(func=_interrupt)
-    cancel = argparse.ArgumentParser(
+    parser.set_defaults(func=_interrupt)
+    return parser
+
+
+def _cancel_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
         prog="slurmddp cancel", description="Cancel a run, a whole sweep, or one element of it."
     )
-    run_arg(cancel)
-    index_arg(cancel)
-    cancel.set_defaults(func=_cancel)
-    resubmit = argparse.ArgumentParser(
+    run_arg(parser, optional=True)
+    index_arg(parser)
+    parser.add_argument(
+        "--yes", action="store_true", help="without RUN: cancel the newest submission without asking"
+    )
+    parser.set_defaults(func=_cancel)
+    return parser
+
+
+def _resubmit_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
         prog="slurmddp resubmit",
         description="Submit a run that ended without completing again, or a sweep's failed elements "
         "(--failed); they resume from their latest checkpoints with fresh budgets.",
@@ -79,47 +108,47 @@ def parsers() -> dict[str, argparse.ArgumentParser]:
         "number of ranks the global batch and the order of samples stay (ctx.loader), and "
         "ddp.accumulate grows so that each rank's micro-batch is no larger than before.",
     )
-    run_arg(resubmit)
-    resubmit.add_argument("--failed", action="store_true", help="a sweep's elements that failed")
-    resubmit.add_argument(
+    run_arg(parser, optional=True)
+    parser.add_argument("--failed", action="store_true", help="a sweep's elements that failed")
+    parser.add_argument(
         "--forget-exclusions",
         action="store_true",
         help="forget the nodes the run (a sweep: its failed elements) left out after faults "
         "(RUN_DIR/excluded.json, listed by status): they may be given ranks again; your own "
         "resources.exclude stays",
     )
-    wait_arg(resubmit, "follow the run to its end and exit with its status (default: only for local runs)")
-    resubmit.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="e.g. resources.nodes=1")
-    resubmit.set_defaults(func=_resubmit)
-    listing = argparse.ArgumentParser(prog="slurmddp list", description="List recent runs and sweeps.")
-    listing.add_argument("-n", "--limit", type=positive_int, default=20, help="how many (default 20)")
-    listing.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    listing.set_defaults(func=_list)
-    results = argparse.ArgumentParser(
+    wait_arg(parser, "follow the run to its end and exit with its status (default: only for local runs)")
+    parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="e.g. resources.nodes=1")
+    parser.set_defaults(func=_resubmit)
+    return parser
+
+
+def _list_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="slurmddp list", description="List recent runs and sweeps.")
+    parser.add_argument("-n", "--limit", type=positive_int, default=20, help="how many (default 20)")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    parser.set_defaults(func=_list)
+    return parser
+
+
+def _results_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
         prog="slurmddp results",
         description="A sweep's elements ranked by a metric; writes CSV (unless --json).",
         epilog=ACCOUNTING_HELP,
     )
-    run_arg(results)
-    results.add_argument("--metric", help="the metric to rank by (default: the sweep's sweep.metric)")
-    results.add_argument("--mode", choices=("min", "max"), help="best is min or max (default: sweep.mode)")
-    results.add_argument(
+    run_arg(parser, optional=True)
+    parser.add_argument("--metric", help="the metric to rank by (default: the sweep's sweep.metric)")
+    parser.add_argument("--mode", choices=("min", "max"), help="best is min or max (default: sweep.mode)")
+    parser.add_argument(
         "--csv",
         type=Path,
         help="where to write the CSV (default: SWEEP_DIR/results.csv; with --json, none unless named)",
     )
-    results.add_argument("--plot", type=Path, help="also write a PNG of the metric over steps per element")
-    results.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    results.set_defaults(func=_results)
-    return {
-        "status": status,
-        "logs": logs_parser,
-        "interrupt": interrupt,
-        "cancel": cancel,
-        "resubmit": resubmit,
-        "list": listing,
-        "results": results,
-    }
+    parser.add_argument("--plot", type=Path, help="also write a PNG of the metric over steps per element")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    parser.set_defaults(func=_results)
+    return parser
 
 
 def _status(args: argparse.Namespace) -> int:
@@ -145,7 +174,15 @@ def _interrupt(args: argparse.Namespace) -> int:
 
 
 def _cancel(args: argparse.Namespace) -> int:
-    cancelled = actions.cancel(args.run, args.index)
+    ref = args.run
+    if ref is None:
+        # Without RUN, the newest submission is a guess: it is named, and asked for on a terminal.
+        newest = runs.resolve(None)
+        if not _newest_confirmed(newest, args.yes):
+            print("slurmddp: nothing cancelled")
+            return 0
+        ref = str(newest.dir)
+    cancelled = actions.cancel(ref, args.index)
     for line in cancelled:
         print(f"slurmddp: cancelled {line}")
     if not cancelled:
@@ -153,7 +190,28 @@ def _cancel(args: argparse.Namespace) -> int:
     return 0
 
 
+def _newest_confirmed(newest: runs.Target, yes: bool) -> bool:
+    """Whether to cancel the newest submission: --yes, or a "y" on a terminal. Without a terminal
+    (a script, CI) and without --yes nothing is guessed: the error says what to add."""
+    # A sweep's elements by their array's ids (1234, not 1234_0 ... 1234_99).
+    jobs = sorted({element.job_id.split("_")[0] for element in newest.elements if element.job_id})
+    what = f"{newest.dir} (job {', '.join(jobs) or 'not submitted'})"
+    if yes:
+        print(f"slurmddp: cancelling the newest submission: {what}")
+        return True
+    if not sys.stdin.isatty():
+        raise SlurmddpError(
+            f"cancel names no run, and the newest submission is {what}: name it "
+            f"(`python -m slurmddp cancel {newest.dir}`) or pass --yes to cancel the newest"
+        )
+    print(f"slurmddp: cancel the newest submission, {what}? [y/N] ", end="", flush=True)
+    return sys.stdin.readline().strip().lower() in ("y", "yes")
+
+
 def _resubmit(args: argparse.Namespace) -> int:
+    # `resubmit resources.time=04:00:00` names no run: its first override lands in RUN.
+    if args.run is not None and "=" in args.run and not Path(args.run).exists():
+        args.run, args.overrides = None, [args.run, *args.overrides]
     target = runs.resolve(args.run)
     if target.kind == "sweep":
         if not args.failed:
@@ -170,7 +228,8 @@ def _resubmit(args: argparse.Namespace) -> int:
             print(f"slurmddp: {note}")
         print(f"slurmddp: resubmitted elements {', '.join(map(str, again.indices))} as job {again.job_id}")
         return 0
-    done = actions.resubmit_run(str(target.dir), args.overrides, sys.argv, args.forget_exclusions)
+    with ctrl_c.out_of_reach(target.backend.executor):
+        done = actions.resubmit_run(str(target.dir), args.overrides, sys.argv, args.forget_exclusions)
     for note in done.notes:
         print(f"slurmddp: {note}")
     sub = done.submission
@@ -182,15 +241,15 @@ def _resubmit(args: argparse.Namespace) -> int:
     wait = args.wait if args.wait is not None else sub.plan.executor == "local"
     if not wait:
         return 0
-    return 0 if follow(sub, sys.stdout) == FINAL_OK else EXIT_JOB_FAILED
+    return waiting.follow_to_end(sub, sys.stdout)
 
 
 def _list(args: argparse.Namespace) -> int:
-    records = index.recent(args.limit)
+    records = listing.with_states(index.recent(args.limit))
     if args.json:
         print(json.dumps(records, indent=2))
     elif records:
-        print(report.list_table(records))
+        print(listing.table(records))
     else:
         print(f"slurmddp: nothing submitted yet (index {index.index_path()})")
     return 0

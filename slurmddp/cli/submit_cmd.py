@@ -1,18 +1,19 @@
-"""`submit`, `dryrun` and `mpilaunch`: the commands that start an experiment (or show how they would)."""
+"""`submit`, `dryrun`, `config` and `mpilaunch`: the commands that start an experiment (or show how
+they would)."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
-from slurmddp.cli import dryrun, mpilaunch
+from slurmddp import yamlio
+from slurmddp.cli import dryrun, mpilaunch, waiting
 from slurmddp.cli.arguments import experiment_args, wait_arg
-from slurmddp.errors import EXIT_INTERRUPTED, EXIT_JOB_FAILED
+from slurmddp.errors import ConfigError
 from slurmddp.experiment.load import Loaded, SweepElement, expand, load_experiment
-from slurmddp.manage import ctrl_c, explain, index, sweep_runs
+from slurmddp.manage import ctrl_c, index, sweep_runs
 from slurmddp.manage.display import print_block
-from slurmddp.manage.follow import FINAL_OK, Follower
-from slurmddp.manage.outcome import next_steps, outcome
+from slurmddp.manage.outcome import next_steps
 from slurmddp.manage.signal_lead import short_lead_warning
 from slurmddp.submit import submitter
 from slurmddp.submit.plan import SubmissionPlan
@@ -29,13 +30,21 @@ def parsers() -> dict[str, argparse.ArgumentParser]:
     )
     experiment_args(preview)
     preview.set_defaults(func=_dryrun)
+    config = argparse.ArgumentParser(
+        prog="slurmddp config",
+        description="Print the resolved experiment as YAML, as the run's config.yaml would hold it; "
+        "submit nothing.",
+    )
+    experiment_args(config)
+    config.add_argument("--index", type=int, help="a sweep's element (default: the config they start from)")
+    config.set_defaults(func=_config)
     launch = argparse.ArgumentParser(
         prog="slurmddp mpilaunch",
         description="Run an experiment on the ranks that mpiexec started (mpiexec -n N ... mpilaunch).",
     )
     experiment_args(launch)
     launch.set_defaults(func=lambda args: mpilaunch.run(args.experiment, args.overrides))
-    return {"submit": submit, "dryrun": preview, "mpilaunch": launch}
+    return {"submit": submit, "dryrun": preview, "config": config, "mpilaunch": launch}
 
 
 def _submit(args: argparse.Namespace) -> int:
@@ -59,23 +68,7 @@ def _submit(args: argparse.Namespace) -> int:
     if not wait:
         print_block(sys.stdout, [], next_steps(str(plan.run_dir), None))
         return 0
-    follower = Follower(sub, sys.stdout)
-    interrupted = False
-    try:
-        final = follower.run()
-    except KeyboardInterrupt:
-        if not ctrl_c.stop(sub, sys.stdout):
-            return EXIT_INTERRUPTED
-        interrupted = True
-        final = follower.run()
-    if final != FINAL_OK and not interrupted:
-        for line in explain.summary(plan.run_dir):
-            print(line)
-    result = outcome(sub, final, follower.elapsed_s)
-    print_block(sys.stdout, result.rows, result.next_steps)
-    if interrupted:
-        return EXIT_INTERRUPTED
-    return 0 if final == FINAL_OK else EXIT_JOB_FAILED
+    return waiting.follow_to_end(sub, sys.stdout)
 
 
 def _submit_sweep(
@@ -95,11 +88,34 @@ def _submit_sweep(
     print(f"  status:    python -m slurmddp status {plan.run_dir}")
     if not args.wait:
         return 0
-    return sweep_runs.wait(plan.run_dir, sys.stdout)
+    return sweep_runs.wait(plan.run_dir, sys.stdout, closing=True)
 
 
 def _dryrun(args: argparse.Namespace) -> int:
     loaded = load_experiment(args.experiment, args.overrides)
     elements = expand(loaded) if loaded.sweep is not None else []
     dryrun.show(loaded, elements, plan_for(loaded, elements=elements), sys.stdout)
+    return 0
+
+
+def _config(args: argparse.Namespace) -> int:
+    loaded = load_experiment(args.experiment, args.overrides)
+    elements = expand(loaded) if loaded.sweep is not None else []
+    if args.index is None:
+        resolved = loaded.resolved
+        if elements:
+            # On stderr: stdout stays the YAML alone, for a program to read.
+            print(
+                f"slurmddp: a sweep of {len(elements)} elements; this is the config they start from, "
+                "--index I prints element I's",
+                file=sys.stderr,
+            )
+    elif not elements:
+        raise ConfigError(f"--index {args.index}: {args.experiment} has no sweep; drop --index")
+    elif not 0 <= args.index < len(elements):
+        raise ConfigError(f"--index {args.index}: the sweep's indices are 0-{len(elements) - 1}")
+    else:
+        resolved = elements[args.index].loaded.resolved
+    # The text write_config puts in RUN_DIR/config.yaml.
+    sys.stdout.write(yamlio.dump(dict(resolved)))
     return 0

@@ -195,8 +195,14 @@ def _checked(args: Sequence[str], stdin: str | None = None) -> str:
 
 
 def available(tool: str = "sbatch") -> bool:
-    """Whether a Slurm command is on PATH (sbatch's presence is what `executor: auto` asks)."""
+    """Whether a Slurm command is on PATH."""
     return shutil.which(tool) is not None
+
+
+def installed() -> tuple[str, ...]:
+    """Which of Slurm's commands (TOOLS) are on PATH: any one makes this a machine that submits to
+    Slurm, which `executor: auto` never trains on."""
+    return tuple(tool for tool in TOOLS if available(tool))
 
 
 PING_TIMEOUT_S: float = 5
@@ -220,6 +226,30 @@ def controller_silence() -> str | None:
         return None
     lines = said.splitlines()
     return (lines[-1] if lines else "") or f"exit status {proc.returncode}"
+
+
+CONTROLLER_PATIENCE_S: float = 10
+"""For how long a submission asks a silent controller again: a restarting slurmctld, or a backup
+taking over, answers within seconds."""
+
+
+def controller_unreachable(patience: float | None = None) -> str | None:
+    """Why no Slurm controller answers (`controller_silence`), asked again with `retrying`'s pauses
+    for up to `patience` seconds (CONTROLLER_PATIENCE_S) while the silence may pass: a controller
+    that says it is DOWN, a transient error, no answer in time. None once one answers. A
+    configuration scontrol cannot read (a wrong SLURM_CONF) is final at once."""
+    deadline = time.monotonic() + (CONTROLLER_PATIENCE_S if patience is None else patience)
+    pause = RETRY_FIRST_PAUSE_S
+    while True:
+        silence = controller_silence()
+        if silence is None or not _may_pass(silence) or time.monotonic() + pause > deadline:
+            return silence
+        time.sleep(pause)
+        pause = min(2 * pause, RETRY_MAX_PAUSE_S)
+
+
+def _may_pass(silence: str) -> bool:
+    return bool(re.search(r"\bis DOWN\b", silence)) or silence.startswith("no answer") or transient(silence)
 
 
 # ---- sbatch ----

@@ -73,7 +73,7 @@ def load_experiment(path: str | Path, overrides: list[str] | tuple[str, ...] = (
         raise ConfigError(f"{source}: is a directory; name the experiment's YAML file in it{hint}")
     if not source.is_file():
         raise ConfigError(f"{source}: no such experiment file")
-    exp_layer = _read_yaml(source)
+    exp_layer = _read_experiment(source, overrides)
     sweep_section = exp_layer.pop("sweep", None)
     plain = [text for text in overrides if text.partition("=")[0].split(".")[0] != "sweep"]
     for text in overrides:
@@ -119,6 +119,24 @@ def load_experiment(path: str | Path, overrides: list[str] | tuple[str, ...] = (
                     "drop the override or the sweep key"
                 )
     return Loaded(experiment, resolved, source, tuple(overrides), spec, merged)
+
+
+def _read_experiment(source: Path, overrides: list[str] | tuple[str, ...]) -> dict[str, Any]:
+    """The experiment file's own layer; a Python script or an empty file is refused with the way
+    to write an experiment."""
+    if source.suffix == ".py":
+        raise ConfigError(
+            f"{source}: slurmddp takes an experiment YAML file, not a Python script; write one beside "
+            f"it with the line `entrypoint: {source.name}` (a script run as torchrun would) and pass "
+            "that file, or run `python -m slurmddp init` for a starter experiment"
+        )
+    exp_layer = _read_yaml(source)
+    if not exp_layer and not overrides:
+        raise ConfigError(
+            f"{source}: the file is empty; an experiment needs at least its entrypoint, as in "
+            "`entrypoint: train.py` (`python -m slurmddp init` writes a starter)"
+        )
+    return exp_layer
 
 
 def expand(loaded: Loaded) -> list[SweepElement]:
@@ -331,6 +349,13 @@ def _parse_override(text: str, exp_layer: dict[str, Any]) -> dict[str, Any]:
     key, sep, _ = text.partition("=")
     if not sep or not key:
         raise ConfigError(f"override {text!r}: expected key=value (for example resources.nodes=2)")
+    if key.startswith("+"):
+        # Hydra's `+key=value` (add) and `++key=value` (add or set): here a plain override does both.
+        plain = text.lstrip("+")
+        raise ConfigError(
+            f"override {text!r}: no '+' is needed: write {plain}: a key new under train: is added, "
+            "one that exists is set (the other sections take only the keys of the schema)"
+        )
     head = key.split(".")[0]
     if head not in _SECTIONS:
         train = exp_layer.get("train")

@@ -119,7 +119,8 @@ class Resources:
     node (Slurm marks it down or drained, the preflight, a GPU fault or a hang names it) runs on a
     spare inside the allocation instead of going back to the queue. They count in GPU-hours."""
     gpus_per_node: int = 0
-    """GPUs per node; the job then runs this many ranks per node. 0 means a CPU job."""
+    """GPUs per node; the job then runs this many ranks per node. 0 means a CPU job. The local
+    executor uses the GPUs the machine has instead (CUDA_VISIBLE_DEVICES narrows them)."""
     tasks_per_node: int | None = None
     """Ranks per node. Defaults to gpus_per_node (or 1 for CPU jobs); must equal it for GPU jobs."""
     gpu_binding: GpuBinding = "node"
@@ -438,7 +439,12 @@ class Experiment:
     profile: str | None = None
     """Cluster profile to start from: a name looked up in configs/ dirs, or a path to a YAML file."""
     executor: Executor = "auto"
-    """`slurm`, `local` (ranks on this machine with gloo), or `auto` (slurm when sbatch is on PATH)."""
+    """`slurm`, `local` (ranks on this machine: one per GPU with nccl where it has a GPU for each
+    rank, else on the CPU with gloo), or `auto`: Slurm wherever any of Slurm's commands (sbatch,
+    squeue, sacct, scontrol, scancel) is on PATH, and local only where none is. Where Slurm's
+    commands are but no controller answers (an outage, a wrong SLURM_CONF), `submit` exits non-zero
+    saying what `scontrol ping` said, and writes nothing (`dryrun` prints the Slurm plan with a
+    warning); it never trains on this machine instead: set `executor: local` for that."""
     output_dir: str = "runs"
     """Run directories go to OUTPUT_DIR/NAME/...; must be on a filesystem the nodes share."""
     output_mode: OutputMode = "private"

@@ -37,7 +37,7 @@ FAILED_STATES: frozenset[RunState] = frozenset(
 )
 
 
-def interrupt(ref: str, reason: RequeueReason, index: int | None = None) -> str:
+def interrupt(ref: str | None, reason: RequeueReason, index: int | None = None) -> str:
     """Send the running job what Slurm sends on a preemption or near its time limit, and record
     which of the two it stands for; returns what was done."""
     target = runs.resolve(ref)
@@ -50,7 +50,7 @@ def interrupt(ref: str, reason: RequeueReason, index: int | None = None) -> str:
     return f"{said}; run dir {element.dir}"
 
 
-def cancel(ref: str, index: int | None = None) -> list[str]:
+def cancel(ref: str | None, index: int | None = None) -> list[str]:
     """Cancel a run, a whole sweep, or one element; returns a line per element cancelled.
 
     Each run is marked final in its attempts.jsonl before scancel, so that neither a rank's

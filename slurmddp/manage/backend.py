@@ -21,7 +21,7 @@ from slurmddp.defaults import RequeueReason, RunExecutor
 from slurmddp.errors import SlurmddpError
 from slurmddp.manage import local_ranks
 from slurmddp.rundir import records
-from slurmddp.rundir.layout import FAILURE, RESULT
+from slurmddp.rundir.layout import FAILURE, LOGS, RESULT
 from slurmddp.rundir.manifest import Submitted
 from slurmddp.rundir.records import AttemptId, Interrupt
 from slurmddp.submit import submitter
@@ -96,8 +96,9 @@ class LocalBackend:
         if (run_dir / RESULT).is_file():
             return "COMPLETED"
         # A local job's id is its process id. Before the failure record: a resubmitted run runs
-        # again beside its last attempt's.
-        if job_id is not None and job_id.isdigit() and Path(f"/proc/{job_id}").exists():
+        # again beside its last attempt's. The process must be the run's controller: the system
+        # gives an old run's id to other processes.
+        if job_id is not None and local_ranks.controller(job_id, run_dir / LOGS) is not None:
             return "RUNNING"
         if (run_dir / FAILURE).is_file():
             return "FAILED"
@@ -110,10 +111,10 @@ class LocalBackend:
         return "UNKNOWN"
 
     def cancel(self, job_ids: Sequence[str], array_ids: Sequence[str] = ()) -> None:
-        # Only the runs still going: an element that ended long ago may have its process id
-        # taken by another process by now.
+        # Only a controller of submitit's: an element that ended long ago may have its process id
+        # taken by another process by now (the caller also checked that it is the run's own).
         for job_id in job_ids:
-            if job_id.isdigit():
+            if local_ranks.is_controller(job_id):
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(int(job_id), signal.SIGTERM)
 

@@ -74,7 +74,8 @@ class Follower:
             view.show(self.watch.snapshot(None, self.elapsed_s), final=True)
         final = self.final_state()
         self.out.write(
-            f"slurmddp: job {self.sub.job_id} ended {final} after {numbers.duration(self.elapsed_s)}\n"
+            f"slurmddp: job {self.sub.job_id} ended {final} after {numbers.duration(self.elapsed_s)} "
+            "since its submission\n"
         )
         self.out.flush()
         return final

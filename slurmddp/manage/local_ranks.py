@@ -45,6 +45,12 @@ def controller(job_id: str, logs: Path, proc: Path = Path("/proc")) -> int | Non
     return None
 
 
+def is_controller(job_id: str, proc: Path = Path("/proc")) -> bool:
+    """Whether the process `job_id` is a submitit local controller (of whichever run)."""
+    found = _cmdline(proc / job_id) if job_id.isdigit() else None
+    return found is not None and CONTROLLER in found
+
+
 def tasks(job_id: str, logs: Path, proc: Path = Path("/proc")) -> list[Task]:
     """The rank processes the run's controller runs now (none once it has ended), by rank."""
     parent = controller(job_id, logs, proc)

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 from slurmddp.rundir.layout import PERF
 
@@ -23,14 +24,28 @@ def throughput(value: float, unit: str) -> str:
     return f"{rate(value)} {unit}/s"
 
 
-def pace(metrics: dict[str, float]) -> str | None:
+@dataclass(frozen=True)
+class Pace:
+    """A throughput as a number: `per_s` of `unit` ("samples" or "steps") each second."""
+
+    per_s: float
+    unit: str
+
+
+def pace_of(metrics: dict[str, float]) -> Pace | None:
     """The throughput of a telemetry record's `perf/` metrics: samples per second where the loop
     knows the batch (ctx.loader), else steps per second; None when the record has neither."""
     for unit in ("samples", "steps"):
         value = metrics.get(f"{PERF}{unit}_per_s")
         if value is not None:
-            return throughput(value, unit)
+            return Pace(float(value), unit)
     return None
+
+
+def pace(metrics: dict[str, float]) -> str | None:
+    """`pace_of` as text: "7,251 samples/s"."""
+    found = pace_of(metrics)
+    return None if found is None else throughput(found.per_s, found.unit)
 
 
 def duration(seconds: float | None) -> str:

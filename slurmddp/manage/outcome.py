@@ -8,11 +8,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from slurmddp.cluster.slurm import JobState
-from slurmddp.manage import numbers, runs
+from slurmddp.manage import numbers, report, runs
 from slurmddp.manage.snapshot import shown_metrics
 from slurmddp.rundir.layout import RESULT
 from slurmddp.rundir.metrics import latest_values, read_metrics
-from slurmddp.rundir.records import Progress, read_attempts
 from slurmddp.submit.submitter import Submission
 
 COMMAND = "python -m slurmddp"
@@ -27,28 +26,49 @@ class Outcome:
 
 
 def outcome(sub: Submission, state: JobState, wall_s: float) -> Outcome:
+    """The block for a run that ended in `state`, `wall_s` after it was submitted."""
     run_dir = sub.plan.run_dir
-    run = runs.load(run_dir).elements[0]
+    row = runs.rows(runs.load(run_dir), with_usage=False)[0]
     values, _ = latest_values(read_metrics(run_dir))
     metrics = shown_metrics(values)
-    attempts = runs.attempts_ran(run, read_attempts(run_dir), Progress.read(run_dir))
     rows: list[tuple[str, str | list[str]]] = []
     if metrics:
         rows.append(("metrics", [f"{name}={numbers.metric(v)}" for name, v in metrics.items()]))
-    rows.append(("time", f"{numbers.duration(wall_s)}, {attempts} attempt{'s' if attempts != 1 else ''}"))
+    rows.append(("time", time_text(row, wall_s)))
     rows.append(("run dir", str(run_dir)))
     if (run_dir / RESULT).is_file():
         rows.append(("result", str(run_dir / RESULT)))
     rows.append(("logs", f"{sub.log_path(0)} (rank 0; one file per rank)"))
-    checkpoints = sub.plan.rank.checkpoint_dir
-    rows.append(
-        ("checkpoints", checkpoints if any(_entries(checkpoints)) else f"none saved (in {checkpoints})")
+    rows.append(("checkpoints", checkpoints_text(sub.plan.rank.checkpoint_dir, row)))
+    return Outcome(rows, next_steps(str(run_dir), state, row.resume))
+
+
+def time_text(row: runs.Row, wall_s: float) -> str:
+    """The time in attempts (what `status` shows as elapsed) and the time from submission to the
+    end (which adds the queue, the ranks' start before their attempt is recorded, and their exit)."""
+    attempts = f"{row.attempts} attempt{'s' if row.attempts != 1 else ''}"
+    return (
+        f"{numbers.duration(row.elapsed_s)} in {attempts} (status's elapsed), "
+        f"{numbers.duration(wall_s)} from submission to the end"
     )
-    return Outcome(rows, next_steps(str(run_dir), state))
 
 
-def next_steps(run_dir: str, state: JobState | None) -> list[tuple[str, str]]:
-    """The commands to try next on a run in `state` (None: still running)."""
+def checkpoints_text(folder: str, row: runs.Row) -> str:
+    """Where the checkpoints are, the newest complete one's step, and any skipped."""
+    if row.resume.checkpoint is not None:
+        text = f"{folder} (newest complete: step {row.resume.step})"
+    elif any(_entries(folder)):
+        text = f"{folder} (none complete)"
+    else:
+        text = f"none saved (in {folder})"
+    return text if row.skipped is None else f"{text}; {report.skipped_saves(row.skipped)}"
+
+
+def next_steps(
+    run_dir: str, state: JobState | None, resume: runs.Resume | None = None
+) -> list[tuple[str, str]]:
+    """The commands to try next on a run in `state` (None: still running); `resume`: where its
+    resubmit would start."""
     ref = shlex.quote(run_dir)
     steps = [(f"{COMMAND} status {ref}", "its state, step, metrics and time")]
     if state is None:
@@ -60,8 +80,16 @@ def next_steps(run_dir: str, state: JobState | None) -> list[tuple[str, str]]:
         steps.append((f"{COMMAND} logs {ref}", "rank 0's output"))
         return steps
     steps.append((f"{COMMAND} logs --err {ref}", "rank 0's errors (--rank N for another rank)"))
-    steps.append((f"{COMMAND} resubmit {ref}", "run it again from its latest checkpoint"))
+    steps.append((f"{COMMAND} resubmit {ref}", _resubmit_text(resume)))
     return steps
+
+
+def _resubmit_text(resume: runs.Resume | None) -> str:
+    if resume is None:
+        return "run it again from its newest complete checkpoint"
+    if resume.checkpoint is None:
+        return "run it again from step 0: it saved no complete checkpoint"
+    return f"run it again from step {resume.step}, its newest complete checkpoint"
 
 
 def _entries(path: str) -> list[str]:

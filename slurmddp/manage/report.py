@@ -15,6 +15,7 @@ from slurmddp.errors import SlurmddpError
 from slurmddp.experiment.sweep import describe
 from slurmddp.manage import accounting, explain, numbers, runs
 from slurmddp.rundir.metrics import read_metrics
+from slurmddp.rundir.records import SkippedSaves
 
 
 def table(header: Sequence[str], body: Sequence[Sequence[str]]) -> str:
@@ -66,21 +67,7 @@ def status_table(target: runs.Target, rows: list[runs.Row], metric: str | None) 
     title = f"{target.kind} {target.manifest.name or ''} ({target.executor}) {target.dir}: {summary}"
     text = f"{title}\n{table(header, body)}"
     for row in rows:
-        # The table says what; these say why, where a run was requeued or left nodes out.
-        name = "run" if row.index is None else f"element {row.index}"
-        if len(row.ended) > 1:
-            text += f"\n{name}: attempts: {'; '.join(_ended(end) for end in row.ended)}"
-        if row.last_end is not None and row.last_end != "completed":
-            text += f"\n{name}: last attempt: {row.last_end}"
-        for reason in explain.reasons(target.element(row.index)):
-            text += f"\n{name}: {reason.one_line(explain.workdir(target))}"
-        for host, why in row.excluded.items():
-            text += f"\n{name}: leaves out {host}: {why}"
-        for rank, what in row.unwatched.items():
-            text += (
-                f"\n{name}: rank {rank}'s peer watch {what}: a rank dying without a word is found "
-                "there only by srun and the collectives' timeouts, not within a second"
-            )
+        text += "".join(f"\n{line}" for line in _notes(target, row))
     if any(set(row.excluded) - set(row.set_aside) for row in rows):
         again = "resubmit --failed" if target.kind == "sweep" else "resubmit"
         text += f"\nhosts left out stay out of later attempts; `{again} --forget-exclusions` forgets them"
@@ -93,12 +80,50 @@ def status_table(target: runs.Target, rows: list[runs.Row], metric: str | None) 
     return text
 
 
+def _notes(target: runs.Target, row: runs.Row) -> list[str]:
+    """The lines under the table for one row: the table says what; these say why, where a run was
+    requeued or left nodes out, and what a resubmit would do."""
+    name = "run" if row.index is None else f"element {row.index}"
+    lines = []
+    if len(row.ended) > 1:
+        lines.append(f"{name}: {'; '.join(_ended(end) for end in row.ended)}")
+    if row.last_end is not None and row.last_end != "completed":
+        lines.append(f"{name}: last attempt: {row.last_end}")
+    if row.skipped is not None:
+        lines.append(f"{name}: {skipped_saves(row.skipped)}")
+    if row.state not in runs.ACTIVE_STATES and row.state not in ("COMPLETED", "UNSUBMITTED"):
+        lines.append(f"{name}: {resumes(row.resume)}")
+    for reason in explain.reasons(target.element(row.index)):
+        lines.append(f"{name}: {reason.one_line(explain.workdir(target))}")
+    for host, why in row.excluded.items():
+        lines.append(f"{name}: leaves out {host}: {why}")
+    for rank, what in row.unwatched.items():
+        lines.append(
+            f"{name}: rank {rank}'s peer watch {what}: a rank dying without a word is found "
+            "there only by srun and the collectives' timeouts, not within a second"
+        )
+    return lines
+
+
 def _ended(end: runs.AttemptEnd) -> str:
-    """ "1 preemption at step 13", "2 failure at step 40, restarted in its allocation": an attempt
-    and how it ended."""
+    """ "attempt 1: preemption at step 13", "attempt 2: failure at step 40, restarted in its
+    allocation": an attempt and how it ended."""
     where = f" at step {end.step}" if end.step is not None and end.reason != "completed" else ""
     restarted = ", restarted in its allocation" if end.in_job else ""
-    return f"{end.attempt} {end.reason}{where}{restarted}"
+    return f"attempt {end.attempt}: {end.reason}{where}{restarted}"
+
+
+def resumes(resume: runs.Resume) -> str:
+    """Where a resubmit starts, in words."""
+    if resume.checkpoint is None:
+        return "a resubmit starts from step 0: no complete checkpoint was saved"
+    return f"a resubmit resumes from step {resume.step} (checkpoint {resume.checkpoint})"
+
+
+def skipped_saves(skipped: SkippedSaves) -> str:
+    """How many checkpoints were not saved, and why the latest was not."""
+    count = f"{skipped.count} checkpoint{'s' if skipped.count != 1 else ''}"
+    return f"{count} skipped, not saved (the latest at step {skipped.step}): {skipped.why}"
 
 
 def status_json(target: runs.Target, rows: list[runs.Row]) -> dict[str, Any]:
@@ -108,11 +133,26 @@ def status_json(target: runs.Target, rows: list[runs.Row]) -> dict[str, Any]:
         "name": target.manifest.name,
         "executor": target.executor,
         "elements": [
-            {**asdict(row), "failures": [r.to_json() for r in explain.reasons(target.element(row.index))]}
+            {**_row_json(row), "failures": [r.to_json() for r in explain.reasons(target.element(row.index))]}
             for row in rows
         ],
         "total": _usage_json(runs.total_usage(rows)),
     }
+
+
+def _row_json(row: runs.Row) -> dict[str, Any]:
+    """A row as --json gives it: numbers as numbers, each unit in its key's name."""
+    data = asdict(row)
+    del data["throughput"], data["pace"]
+    for unit in ("samples", "steps"):
+        data[f"throughput_{unit}_per_s"] = (
+            row.pace.per_s if row.pace is not None and row.pace.unit == unit else None
+        )
+    skipped = row.skipped
+    data["skipped"] = (
+        None if skipped is None else {"count": skipped.count, "step": skipped.step, "why": skipped.why}
+    )
+    return data
 
 
 def list_table(records: list[dict[str, Any]]) -> str:

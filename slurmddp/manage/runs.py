@@ -17,8 +17,11 @@ from slurmddp.cluster import slurm
 from slurmddp.cluster.slurm import JobState
 from slurmddp.defaults import EndReason, RunExecutor, RunKind
 from slurmddp.errors import SlurmddpError
+from slurmddp.job.checkpoint.completeness import newest_complete
+from slurmddp.job.checkpoint.integrity import checkpoint_problems, step_dirs
 from slurmddp.manage import accounting, index, numbers
 from slurmddp.manage.backend import Backend, for_manifest
+from slurmddp.rundir.config import checkpoint_dir
 from slurmddp.rundir.layout import MANIFEST, PERF, SWEEP
 from slurmddp.rundir.manifest import RunManifest, SweepManifest
 from slurmddp.rundir.metrics import latest_values, read_metrics
@@ -30,6 +33,8 @@ from slurmddp.rundir.records import (
     Exclusion,
     Exclusions,
     Progress,
+    SkippedSaves,
+    Stop,
     Unwatched,
     begins,
     current,
@@ -229,27 +234,89 @@ class AttemptEnd:
     """How one attempt ended, as its record says."""
 
     attempt: int
-    """Counted from 1, as `attempts` counts them."""
+    """Counted from 1 over the run, as `attempts` counts them."""
     reason: EndReason
     step: int | None
+    """The step it reached: its stop record's where it stopped on a signal (a cancel's end record
+    names none), else its end record's."""
     requeue: bool
     message: str
     in_job: bool = False
     """Restarted as a new step of the same allocation, not through the queue."""
 
 
-def attempt_ends(records: list[AttemptEvent]) -> list[AttemptEnd]:
+def attempt_ends(records: list[AttemptEvent], run_dir: Path) -> list[AttemptEnd]:
     """How each attempt ended, oldest first (a cancel ends the attempt it stopped)."""
     out = []
-    begun = 0
+    begun: list[Begin] = []
     for record in records:
         if isinstance(record, Begin):
-            begun += 1
+            begun.append(record)
         elif isinstance(record, End):
+            ended = record.attempt_id or (begun[-1].attempt_id if begun else None)
+            step = _stop_step(run_dir, ended)
             out.append(
-                AttemptEnd(begun, record.reason, record.step, record.requeue, record.message, record.in_job)
+                AttemptEnd(
+                    len(begun),
+                    record.reason,
+                    record.step if step is None else step,
+                    record.requeue,
+                    record.message,
+                    record.in_job,
+                )
             )
     return out
+
+
+def _reached(
+    run_dir: Path,
+    records: list[AttemptEvent],
+    latest: AttemptId | None,
+    progress: Progress | None,
+    metric_step: int | None,
+) -> int | None:
+    """How far the run got: the progress record lags by a few seconds, so a stop's record or an
+    end's, where later, says where the latest attempt got to."""
+    known = (progress and progress.step, metric_step, _stop_step(run_dir, latest), _end_step(records))
+    steps = [step for step in known if isinstance(step, int)]
+    return max(steps) if steps else None
+
+
+def _end_step(records: list[AttemptEvent]) -> int | None:
+    """The step the latest attempt's end record names, once it ended (a later begin: a new
+    attempt, back at its checkpoint's step)."""
+    for record in reversed(current(records)):
+        if isinstance(record, Begin):
+            return None
+        if isinstance(record, End):
+            return record.step
+    return None
+
+
+def _stop_step(run_dir: Path, attempt: AttemptId | None) -> int | None:
+    """The step `attempt`'s ranks stopped at after a stop signal, where it recorded one."""
+    stop = None if attempt is None else Stop.read_for(run_dir, attempt)
+    return None if stop is None else stop.step
+
+
+@dataclass(frozen=True)
+class Resume:
+    """Where a resubmit of the run starts: the newest complete checkpoint, or step 0."""
+
+    step: int
+    """0 where no complete checkpoint exists."""
+    checkpoint: str | None
+    """The checkpoint's directory; None: none, the run starts over."""
+
+
+def resume_point(run_dir: Path, workdir: str | None) -> Resume:
+    """The checkpoint a resubmit resumes from, judged by the rule the ranks load by
+    (job/checkpoint/completeness.py); file sizes only, not checksums, as a rank's first look."""
+    steps = {path: step for step, path in step_dirs(checkpoint_dir(run_dir, workdir))}
+    found, _ = newest_complete(
+        steps, lambda path: checkpoint_problems(path, steps[path], None, check_crc=False)
+    )
+    return Resume(0, None) if found is None else Resume(steps[found], str(found))
 
 
 @dataclass(frozen=True)
@@ -287,8 +354,14 @@ class Row:
     ("stopped (OSError(...))")."""
     throughput: str | None = None
     """The latest telemetry record's pace: "7,251 samples/s" (or steps/s without ctx.loader)."""
+    pace: numbers.Pace | None = None
+    """The same pace as a number and its unit."""
     ended: list[AttemptEnd] = field(default_factory=list)
     """How each attempt ended (preempted, timed out, failed, completed), oldest first."""
+    resume: Resume = field(default_factory=lambda: Resume(0, None))
+    """Where a resubmit would start."""
+    skipped: SkippedSaves | None = None
+    """The checkpoints the loop could not save for want of space; None: none skipped."""
 
 
 def rows(target: Target, with_usage: bool = True) -> list[Row]:
@@ -308,7 +381,6 @@ def rows(target: Target, with_usage: bool = True) -> list[Row]:
         metrics, metric_step = latest_values(read_metrics(element.dir))
         perf = {name: metrics.pop(name) for name in list(metrics) if name.startswith(PERF)}
         progress = Progress.read(element.dir)
-        steps = [s for s in (progress and progress.step, metric_step) if isinstance(s, int)]
         state = element_state(target, element, states)
         out.append(
             Row(
@@ -316,7 +388,7 @@ def rows(target: Target, with_usage: bool = True) -> list[Row]:
                 overrides=element.overrides,
                 state=state,
                 attempts=attempts_ran(element, records, progress),
-                step=max(steps) if steps else None,
+                step=_reached(element.dir, records, latest, progress, metric_step),
                 metrics=metrics,
                 elapsed_s=_elapsed(
                     element, records, _element_submitted_at(target.manifest, element.index), state, now
@@ -331,7 +403,10 @@ def rows(target: Target, with_usage: bool = True) -> list[Row]:
                 set_aside=[host for host, why in left_out.items() if why.allocation is not None],
                 unwatched=_unwatched(element.dir, latest),
                 throughput=numbers.pace(perf),
-                ended=attempt_ends(records),
+                pace=numbers.pace_of(perf),
+                ended=attempt_ends(records, element.dir),
+                resume=resume_point(element.dir, target.manifest.workdir),
+                skipped=SkippedSaves.read(element.dir),
             )
         )
     return out

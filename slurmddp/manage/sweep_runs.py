@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -11,7 +12,10 @@ from slurmddp.errors import EXIT_JOB_FAILED
 from slurmddp.experiment.load import Loaded, SweepElement
 from slurmddp.experiment.sweep import describe
 from slurmddp.manage import index, report, runs
+from slurmddp.manage.actions import FAILED_STATES
+from slurmddp.manage.display import print_block
 from slurmddp.manage.follow import FINAL_OK, follow
+from slurmddp.manage.outcome import COMMAND
 from slurmddp.rundir.manifest import SweepManifest
 from slurmddp.submit import submitter
 from slurmddp.submit.plan import SubmissionPlan
@@ -32,7 +36,7 @@ def run_local(
     out.write(f"slurmddp: running a sweep of {len(elements)} elements here, one after another\n")
     out.write(f"  sweep dir: {plan.run_dir}\n")
     failed = run_each(plan.run_dir, manifest, [(e, describe(e.overrides)) for e in elements], argv, out)
-    print_status(plan.run_dir, out)
+    print_end(plan.run_dir, print_status(plan.run_dir, out), out)
     return EXIT_JOB_FAILED if failed else ALL_COMPLETED
 
 
@@ -69,8 +73,9 @@ def record(
     return updated
 
 
-def wait(sweep_dir: Path, out: TextIO, poll_s: float = 5.0) -> int:
-    """Poll until no element is pending or running, then print the status table."""
+def wait(sweep_dir: Path, out: TextIO, poll_s: float = 5.0, closing: bool = False) -> int:
+    """Poll until no element is pending or running, then print the status table (`closing`: and
+    the block that ends `submit --wait`)."""
     target = runs.load(sweep_dir)
     quiet = 0
     # Two quiet polls in a row: a requeued element can be between two states for a moment.
@@ -79,6 +84,8 @@ def wait(sweep_dir: Path, out: TextIO, poll_s: float = 5.0) -> int:
         quiet = 0 if active else quiet + 1
         time.sleep(poll_s if active else 1.0)
     rows = print_status(sweep_dir, out)
+    if closing:
+        print_end(sweep_dir, rows, out)
     return ALL_COMPLETED if all(row.state == FINAL_OK for row in rows) else EXIT_JOB_FAILED
 
 
@@ -88,3 +95,27 @@ def print_status(run_dir: Path, out: TextIO) -> list[runs.Row]:
     out.write(report.status_table(target, rows, target.metric) + "\n")
     out.flush()
     return rows
+
+
+def print_end(sweep_dir: Path, rows: Sequence[runs.Row], out: TextIO) -> None:
+    """After the status table of a sweep that ended, the block that ends `submit --wait` of a
+    run: where the sweep is, and the commands to go on with."""
+    print_block(out, [("sweep dir", str(sweep_dir))], next_steps(sweep_dir, rows))
+
+
+def next_steps(sweep_dir: Path, rows: Sequence[runs.Row]) -> list[tuple[str, str]]:
+    """The commands to try next on a sweep whose elements ended as `rows` say."""
+    ref = shlex.quote(str(sweep_dir))
+    steps = [
+        (f"{COMMAND} status {ref}", "each element's state, step, metrics and time"),
+        (f"{COMMAND} results {ref}", "the elements ranked by the sweep's metric, and a CSV"),
+    ]
+    failed = [row for row in rows if row.state != FINAL_OK]
+    if failed:
+        first = failed[0].index
+        steps.append((f"{COMMAND} logs --err --index {first} {ref}", f"element {first}'s rank 0 errors"))
+    if any(row.state in FAILED_STATES for row in failed):
+        steps.append(
+            (f"{COMMAND} resubmit --failed {ref}", "run the failed elements again from their checkpoints")
+        )
+    return steps

@@ -8,9 +8,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from slurmddp import yamlio
 from slurmddp.files import write_atomic
-from slurmddp.rundir.layout import CONFIG
+from slurmddp.rundir.layout import CHECKPOINTS, CONFIG
 
 
 def read_config(run_dir: Path) -> dict[str, Any]:
@@ -18,6 +20,19 @@ def read_config(run_dir: Path) -> dict[str, Any]:
     yaml.YAMLError where it cannot be read."""
     loaded = yamlio.load((run_dir / CONFIG).read_text())
     return loaded if isinstance(loaded, dict) else {}
+
+
+def checkpoint_dir(run_dir: Path, workdir: str | None) -> Path:
+    """Where the run's ranks keep their checkpoints: `checkpoint.dir` (a relative one from the
+    run's working directory, where the ranks run), else RUN_DIR/checkpoints."""
+    try:
+        section = read_config(run_dir).get("checkpoint")
+    except (OSError, yaml.YAMLError):
+        section = None
+    named = section.get("dir") if isinstance(section, dict) else None
+    if not isinstance(named, str):
+        return run_dir / CHECKPOINTS
+    return Path(workdir or run_dir) / named
 
 
 def write_config(run_dir: Path, resolved: Mapping[str, Any], *, durable: bool = True) -> None:

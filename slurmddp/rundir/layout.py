@@ -29,6 +29,8 @@ FAILURE = "failure.json"
 """A rank's exception (or the preflight's verdict), for the failure budget."""
 PROGRESS = "progress.json"
 """Rank 0: how far the loop got, refreshed every few seconds."""
+SKIPPED_SAVES = "skipped_checkpoints.json"
+"""Rank 0: the checkpoints the loop could not save (a full disk), counted over the run."""
 RESULT = "result.json"
 METRICS = "metrics.jsonl"
 """Rank 0: every `ctx.log` record, one JSON object a line; a resumed attempt drops the records of

@@ -3,6 +3,7 @@ write. The batch script, the ranks and the login-node commands each read what an
 the JSON keys are the contract: they stay as runs written by earlier versions have them.
 
     progress.json   Progress     rank 0: how far the attempt got
+    skipped_checkpoints.json  SkippedSaves  rank 0: checkpoints not saved for want of space
     stop.json       Stop         rank 0: where the ranks stopped after a stop signal
     failure.json    Failure      a rank's crash, a hang, a failed preflight, a refused job
     interrupt.json  Interrupt    `slurmddp interrupt`: the reason its signal stands for
@@ -33,6 +34,7 @@ from slurmddp.rundir.layout import (
     INTERRUPT,
     PROGRESS,
     RESULT,
+    SKIPPED_SAVES,
     STOP,
     SWEEP,
     UNWATCHED,
@@ -163,6 +165,44 @@ class Progress:
         write_json(
             run_dir / PROGRESS, {"step": self.step, "time": self.time, **loop, **self.attempt.to_json()}
         )
+
+
+@dataclass(frozen=True)
+class SkippedSaves:
+    """skipped_checkpoints.json: the checkpoints rank 0's loop skipped because they did not fit
+    (job/checkpoint/space.py), counted over the run, with the latest one's step and why."""
+
+    count: int
+    step: int
+    """The latest skipped checkpoint's step."""
+    why: str
+    """The latest skip's reason, as the ranks agreed on it."""
+    attempt: AttemptId
+    time: float
+
+    @classmethod
+    def read(cls, run_dir: Path) -> SkippedSaves | None:
+        data = read_json_object(run_dir / SKIPPED_SAVES)
+        if data is None or not isinstance(data.get("count"), int):
+            return None
+        return cls(
+            data["count"],
+            int(data.get("step") or 0),
+            str(data.get("why", "")),
+            AttemptId.from_json(data),
+            float(data.get("time") or 0.0),
+        )
+
+    @classmethod
+    def add(cls, run_dir: Path, step: int, why: str, attempt: AttemptId, now: float) -> SkippedSaves:
+        """Count one more skipped checkpoint (rank 0 is the one writer); the record written."""
+        before = cls.read(run_dir)
+        record = cls((before.count if before is not None else 0) + 1, step, why, attempt, now)
+        write_json(
+            run_dir / SKIPPED_SAVES,
+            {"count": record.count, "step": step, "why": why, "time": now, **attempt.to_json()},
+        )
+        return record
 
 
 @dataclass(frozen=True)
@@ -524,6 +564,16 @@ def running_attempt(events: Sequence[AttemptEvent], allocation: AttemptId) -> At
         if (b.attempt_id.job_id, b.attempt_id.restart_count) == (allocation.job_id, allocation.restart_count)
     ]
     return same[-1] if same else allocation
+
+
+def attempt_number(events: Sequence[AttemptEvent], me: AttemptId) -> int:
+    """Which attempt of the run `me` is, counted from 1 over every job the run had (resubmits
+    included): the place of its begin among the run's, or the next one where its begin is not
+    recorded yet (a local run's rank 0 records it as its ranks start). What users read; the
+    records keep their own count (`Begin.attempt`, from 0)."""
+    started = begins(events)
+    mine = [n for n, begin in enumerate(started, start=1) if begin.attempt_id == me]
+    return mine[-1] if mine else len(started) + 1
 
 
 def final_end(events: Sequence[AttemptEvent]) -> End | None:

@@ -31,6 +31,16 @@ step shares them instead of waiting for them (seen on 22.05.8)."""
 
 
 @dataclass(frozen=True)
+class LocalMachine:
+    """What a local run's plan takes from the machine it runs on (submit.prepare finds it)."""
+
+    gpus: tuple[int, ...] = ()
+    """The GPUs its ranks may use, by index (CUDA_VISIBLE_DEVICES' numbering); none: CPU ranks."""
+    cores: int | None = None
+    """The cores its processes may run on; None: unknown."""
+
+
+@dataclass(frozen=True)
 class SubmissionPlan:
     """What submitit is asked to do, and what each rank will be handed."""
 
@@ -51,6 +61,8 @@ class SubmissionPlan:
     """For a sweep: one spec per array task, in task order (`rank` is the first)."""
     slurm_version: Version | None = None
     """The Slurm release the batch script was written for (`sbatch --version`; None: unknown)."""
+    warnings: tuple[str, ...] = field(default=())
+    """What will make the run slow or fail here, said on stderr before it starts."""
 
     def batch_script(self) -> str:
         """The batch script submitit writes for this plan, byte for byte (Slurm plans)."""
@@ -68,9 +80,11 @@ def build(
     submission: int | None = None,
     max_parallel: int | None = None,
     slurm_version: Version | None = None,
+    machine: LocalMachine = LocalMachine(),
 ) -> SubmissionPlan:
     """The plan for `loaded` run from `workdir`, writing to `run_dir`, on `executor`, with the
-    Python `interpreter` (a shell-quoted command), for the Slurm release `slurm_version`.
+    Python `interpreter` (a shell-quoted command), for the Slurm release `slurm_version`; a local
+    plan for `machine` (by default one without GPUs whose cores are unknown).
 
     For a sweep, `run_dir` is the sweep's directory, `elements` the (config, run directory) of each
     array task in order, `submission` the number of this submission in the sweep manifest, and
@@ -91,8 +105,9 @@ def build(
             parameters["array_parallelism"] = max_parallel or len(ranks)
         notes = slurm_notes(exp)
     else:
-        parameters = local_parameters(exp)
-        notes = local_notes(exp)
+        gpus = local_gpus(exp.resources.world_size, machine.gpus)
+        parameters = local_parameters(exp, gpus)
+        notes = local_notes(exp, gpus, machine)
     return SubmissionPlan(
         executor=executor,
         job_name=exp.name,
@@ -105,6 +120,7 @@ def build(
         notes=notes,
         array=ranks if elements else (),
         slurm_version=slurm_version if executor == "slurm" else None,
+        warnings=local_warnings(exp, machine.cores) if executor == "local" else (),
     )
 
 
@@ -244,11 +260,20 @@ def slurm_parameters(
     return params
 
 
-def local_parameters(exp: Experiment) -> dict[str, Any]:
+def local_gpus(world_size: int, gpus: tuple[int, ...]) -> tuple[int, ...]:
+    """The GPUs a local run's ranks take, one each, of the machine's `gpus`: none (CPU ranks with
+    gloo, as on a machine without GPUs) where there are fewer GPUs than ranks."""
+    return gpus[:world_size] if len(gpus) >= world_size else ()
+
+
+def local_parameters(exp: Experiment, gpus: tuple[int, ...]) -> dict[str, Any]:
+    """submitit's LocalExecutor parameters; with `gpus`, every rank sees them all (as under
+    --gpus-per-node) and drives the one at its local rank (distenv.select_device)."""
     return {
         "tasks_per_node": exp.resources.world_size,
         "timeout_min": minutes_ceil(parse_time(exp.resources.time)),
-        "gpus_per_node": 0,
+        "gpus_per_node": len(gpus),
+        **({"visible_gpus": gpus} if gpus else {}),
         "signal_delay_s": exp.requeue.signal_lead_s,
     }
 
@@ -266,14 +291,46 @@ def slurm_notes(exp: Experiment) -> tuple[str, ...]:
     return ()
 
 
-def local_notes(exp: Experiment) -> tuple[str, ...]:
+def local_notes(exp: Experiment, gpus: tuple[int, ...], machine: LocalMachine) -> tuple[str, ...]:
+    """What a local run on `machine`, its ranks on `gpus` (none: the CPU), should tell the user."""
     res = exp.resources
-    notes = [f"running {res.world_size} ranks on this machine with gloo (no Slurm)"]
-    if res.gpus_per_node:
+    if gpus:
+        backend = "nccl" if exp.dist.backend == "auto" else exp.dist.backend
+        listed = ",".join(map(str, gpus))
+        where = f"one per GPU (GPUs {listed}) with {backend}"
+        notes = [f"running {res.world_size} ranks on this machine, {where} (no Slurm)"]
+    else:
+        notes = [f"running {res.world_size} ranks on this machine with gloo (no Slurm)"]
+    if machine.gpus and not gpus:
+        count = len(machine.gpus)
+        notes.append(
+            f"this machine has {count} GPU{'s' if count > 1 else ''} for {res.world_size} ranks: they run "
+            f"on the CPU; {ranks_override(exp, count)} runs one rank per GPU"
+        )
+    elif res.gpus_per_node and not gpus:
         notes.append("resources.gpus_per_node is ignored by the local executor: ranks run on the CPU")
     if res.setup:
         notes.append("resources.setup lines are for Slurm batch scripts; the local executor skips them")
     return tuple(notes)
+
+
+def local_warnings(exp: Experiment, cores: int | None) -> tuple[str, ...]:
+    """A local run whose ranks outnumber the machine's `cores`. Each rank's DataLoader workers
+    want cores too, but the user's code sets their number: only the ranks are counted."""
+    ranks = exp.resources.world_size
+    if cores is None or ranks <= cores:
+        return ()
+    return (
+        f"{ranks} local ranks on {cores} cores: each rank, and each of its DataLoader workers, wants a "
+        f"core of its own, so they slow each other down; run at most {cores} ranks "
+        f"({ranks_override(exp, cores)}) or give each rank fewer loader workers",
+    )
+
+
+def ranks_override(exp: Experiment, ranks: int) -> str:
+    """The overrides that make a local run of `ranks` ranks (one per GPU for a GPU job)."""
+    key = "gpus_per_node" if exp.resources.gpus_per_node else "tasks_per_node"
+    return f"resources.nodes=1 resources.{key}={ranks}"
 
 
 def task_env(plan: SubmissionPlan, rank: int, job_id: int) -> dict[str, str]:
@@ -288,6 +345,7 @@ def task_env(plan: SubmissionPlan, rank: int, job_id: int) -> dict[str, str]:
             "SUBMITIT_LOCAL_GLOBALID": str(rank),
             "SUBMITIT_LOCAL_LOCALID": str(rank),
             "SUBMITIT_LOCAL_JOB_ID": str(job_id),
+            "CUDA_VISIBLE_DEVICES": ",".join(map(str, plan.parameters.get("visible_gpus", ()))),
         }
     else:
         fake = {

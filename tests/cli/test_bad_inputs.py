@@ -206,7 +206,7 @@ COMMAND_CASES = [
     Case("status:bad-job-id", ("status", "not-a-job"), "not-a-job"),
     Case("status:unknown-job-id", ("status", "99999999"), "99999999"),
     Case("status:unknown-flag", ("status", RUN, "--bogus"), "--bogus"),
-    Case("logs:no-run", ("logs",), "RUN"),
+    Case("logs:no-run", ("logs",), "nothing submitted yet"),
     Case("logs:missing-run-dir", ("logs", "{tmp}/no-such-run"), "no-such-run"),
     Case("logs:rank-not-a-number", ("logs", RUN, "--rank", "abc"), "--rank"),
     Case("logs:rank-out-of-range", ("logs", RUN, "--rank", "9"), "--rank"),

@@ -16,6 +16,7 @@ from slurmddp.defaults import VERSION
 COMMANDS = [
     "submit",
     "dryrun",
+    "config",
     "mpilaunch",
     "init",
     "scale",

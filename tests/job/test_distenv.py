@@ -91,7 +91,7 @@ def test_local_executor() -> None:
         "SUBMITIT_LOCAL_GLOBALID": "2",
         "SUBMITIT_LOCAL_LOCALID": "2",
         "SUBMITIT_LOCAL_JOB_ID": "777",
-        "CUDA_VISIBLE_DEVICES": "0",
+        "CUDA_VISIBLE_DEVICES": "",  # what submitit's local controller sets for a run without GPUs
         "SLURM_PROCID": "9",  # leaked from an enclosing allocation: the local executor wins
     }
     dist = distenv.from_environment(env)

@@ -252,8 +252,8 @@ def test_status_table_shows_the_hours_and_a_total_line(
     assert lines[3].split()[8:] == ["2.00", "1.00", "0:00:00", "40_1"]
     assert lines[4].split()[8:] == ["1.13", "0.57", "0:06:00", "45"]
     assert lines[5:] == [
-        "element 0: attempts: 1 preemption at step 500; 2 completed",
-        "element 2: attempts: 1 failure at step 30; 2 failure at step 30; 3 completed",
+        "element 0: attempt 1: preemption at step 500; attempt 2: completed",
+        "element 2: attempt 1: failure at step 30; attempt 2: failure at step 30; attempt 3: completed",
         "total: 4.33 CPU hours, 2.17 GPU hours, 0:08:10 lost to requeues",
     ]
 

@@ -302,4 +302,8 @@ def test_a_run_that_ends_before_its_first_step_leaves_no_spinner_behind(
     drawn, _, after = text.rpartition("\x1b[?25h")
     assert "starting" in drawn or "rank" in drawn
     assert not any(frame in after for frame in "⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏"), after
-    assert after.strip().splitlines()[-1].endswith("slurmddp: job 77 ended FAILED after 0:00:00")
+    assert (
+        after.strip()
+        .splitlines()[-1]
+        .endswith("slurmddp: job 77 ended FAILED after 0:00:00 since its submission")
+    )

@@ -219,7 +219,7 @@ def test_status_says_how_each_attempt_ended(run: Path) -> None:
     assert (row.state, row.attempts) == ("COMPLETED", 2)
     assert [(e.attempt, e.reason, e.step) for e in row.ended] == [(1, "preemption", 3), (2, "completed", 9)]
     text = report.status_table(target, [row], None)
-    assert "\nrun: attempts: 1 preemption at step 3; 2 completed" in text, text
+    assert "\nrun: attempt 1: preemption at step 3; attempt 2: completed" in text, text
     assert report.status_json(target, [row])["elements"][0]["ended"][0]["reason"] == "preemption"
 
 
@@ -235,5 +235,7 @@ def test_status_says_which_attempts_restarted_in_their_allocation(run: Path) -> 
     [row] = runs.rows(target)
     assert row.attempts == 2
     text = report.status_table(target, [row], None)
-    assert "\nrun: attempts: 1 failure at step 40, restarted in its allocation; 2 completed" in text, text
+    assert (
+        "\nrun: attempt 1: failure at step 40, restarted in its allocation; attempt 2: completed" in text
+    ), text
     assert report.status_json(target, [row])["elements"][0]["ended"][0]["in_job"] is True

@@ -72,17 +72,21 @@ def run_rank(spec: RankSpec) -> Any:
         attempt = records.local_attempt(records.read_attempts(Path(spec.run_dir)), dist.job_id)
         dist = dataclasses.replace(dist, restart_count=attempt.restart_count)
     # Each rank's own stderr starts by naming the rank, so a traceback read alone says whose it is.
-    print(
-        f"slurmddp: rank {dist.rank} of {dist.world_size} (node {dist.node_rank}, "
-        f"local rank {dist.local_rank}) on {socket.gethostname()}, job {dist.job_id}, "
-        f"attempt {dist.restart_count + 1}"
-        + (f", restart {dist.in_job_restart} in this allocation" if dist.in_job_restart else ""),
-        file=sys.stderr,
-        flush=True,
-    )
+    print(banner(dist, Path(spec.run_dir)), file=sys.stderr, flush=True)
     if spec.executor == "local" and dist.rank == 0:
         return _local_attempt(spec, dist)
     return _run_entrypoint(spec, dist)
+
+
+def banner(dist: DistEnv, run_dir: Path) -> str:
+    """The line a rank's stderr starts with: the rank, where it runs, and which attempt of the run
+    it is (numbered as `status` and the progress line number them, over resubmits too)."""
+    number = records.attempt_number(records.read_attempts(run_dir), AttemptId.of(dist))
+    return (
+        f"slurmddp: rank {dist.rank} of {dist.world_size} (node {dist.node_rank}, "
+        f"local rank {dist.local_rank}) on {socket.gethostname()}, job {dist.job_id}, attempt {number}"
+        + (f", restart {dist.in_job_restart} in this allocation" if dist.in_job_restart else "")
+    )
 
 
 def _local_attempt(spec: RankSpec, dist: DistEnv) -> Any:
@@ -335,7 +339,7 @@ def _enter(watchdog: Watchdog | None, phase: str) -> None:
 
 
 def _stopped(spec: RankSpec, dist: DistEnv, stop: StopForRequeue) -> dict[str, Any]:
-    print(f"slurmddp: {stop}", flush=True)
+    print(f"slurmddp: {stop_message(Path(spec.run_dir), stop)}", flush=True)
     if spec.executor == "local":
         # submitit's local controller starts every task again when one exits with this status.
         raise SystemExit(LOCAL_REQUEUE_STATUS)
@@ -346,6 +350,18 @@ def _stopped(spec: RankSpec, dist: DistEnv, stop: StopForRequeue) -> dict[str, A
         # the batch script does it.
         attempts.end(Path(spec.run_dir), 0, os.environ, time.time(), slurm.preempt_time)
     return {"stopped_at": stop.step}
+
+
+def stop_message(run_dir: Path, stop: StopForRequeue) -> str:
+    """What a rank says once it stopped and saved: that the job will be requeued, unless the stop
+    is a cancel (`cancel` marks the run cancelled before it signals), which ends the run."""
+    final = records.final_end(records.read_attempts(run_dir))
+    if final is None or final.reason != records.CANCELLED:
+        return str(stop)
+    return (
+        f"stopped at step {stop.step} for the cancel and saved a checkpoint there; the run ends "
+        "(`resubmit` resumes from that checkpoint)"
+    )
 
 
 def _check_json(result: Any, target: str | None) -> None:

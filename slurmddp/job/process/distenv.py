@@ -127,10 +127,11 @@ def _from_slurm(env: Mapping[str, str], port: int | None) -> DistEnv:
 def _from_local(env: Mapping[str, str], port: int | None) -> DistEnv:
     world = _int(env, "SUBMITIT_LOCAL_NTASKS")
     rank = _int(env, "SUBMITIT_LOCAL_GLOBALID")
+    local_rank = _int(env, "SUBMITIT_LOCAL_LOCALID")
     job_id = env.get("SUBMITIT_LOCAL_JOB_ID", "")
     return DistEnv(
         rank=rank,
-        local_rank=_int(env, "SUBMITIT_LOCAL_LOCALID"),
+        local_rank=local_rank,
         world_size=world,
         local_world_size=world,
         node_rank=0,
@@ -139,8 +140,9 @@ def _from_local(env: Mapping[str, str], port: int | None) -> DistEnv:
         master_port=port if port is not None else derive_port(_int(env, "SUBMITIT_LOCAL_JOB_ID")),
         job_id=job_id,
         restart_count=0,
-        # The local executor is the no-cluster first try: CPU ranks with gloo.
-        device_index=None,
+        # submitit's local controller lists the run's GPUs for every rank (none: CUDA_VISIBLE_DEVICES
+        # is "", and the ranks run on the CPU with gloo), as Slurm does under --gpus-per-node.
+        device_index=select_device(env, local_rank),
     )
 
 

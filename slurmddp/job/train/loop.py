@@ -23,6 +23,7 @@ step per resume instead of `find_unused_parameters=True`'s graph walk in every s
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -35,7 +36,7 @@ from slurmddp.errors import CheckpointError, SlurmddpError
 from slurmddp.job.process import signals
 from slurmddp.job.process.stop import StopForRequeue
 from slurmddp.rundir.metrics import drop_metrics_from
-from slurmddp.rundir.records import AttemptId, Failure, LoopProgress, Progress, Stop
+from slurmddp.rundir.records import AttemptId, Failure, LoopProgress, Progress, SkippedSaves, Stop
 
 if TYPE_CHECKING:
     from slurmddp.experiment.schema import Checkpoint, Ddp, Precision
@@ -459,6 +460,8 @@ class TrainLoop:
         return step, problem
 
     def _say_skipped(self, unsaved: Unsaved | None) -> None:
+        """Warn of a checkpoint not saved; rank 0 also counts it in the run directory, so that
+        `status` and `submit --wait`'s ending block say so after the log has scrolled away."""
         if unsaved is not None:
             step, problem = unsaved
             print(
@@ -466,6 +469,11 @@ class TrainLoop:
                 f"{problem}; training goes on, the next checkpoint tries again",
                 flush=True,
             )
+            if self.rank == 0:
+                # The run directory may sit on the very disk that is full: the warning above stays
+                # in the log, and training goes on.
+                with contextlib.suppress(OSError):
+                    SkippedSaves.add(self.run_dir, step, problem, self.attempt, time.time())
 
     def _boundary(self) -> None:
         import torch.distributed as tdist

@@ -1,0 +1,57 @@
+"""Flags that other tools take (sbatch, srun, torchrun, Hydra's `--key=value`), answered with the
+experiment's KEY=VALUE that slurmddp takes instead."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+FLAG_KEYS: dict[str, str] = {
+    **dict.fromkeys(("--nodes", "-N", "--nnodes"), "resources.nodes"),
+    **dict.fromkeys(
+        ("--ntasks-per-node", "--nproc_per_node", "--nproc-per-node"), "resources.tasks_per_node"
+    ),
+    "--gpus-per-node": "resources.gpus_per_node",
+    **dict.fromkeys(("--time", "-t"), "resources.time"),
+    **dict.fromkeys(("--partition", "-p"), "resources.partition"),
+    **dict.fromkeys(("--account", "-A"), "resources.account"),
+    **dict.fromkeys(("--qos", "-q"), "resources.qos"),
+    **dict.fromkeys(("--constraint", "-C"), "resources.constraint"),
+    **dict.fromkeys(("--exclude", "-x"), "resources.exclude"),
+    **dict.fromkeys(("--cpus-per-task", "-c"), "resources.cpus_per_task"),
+}
+"""sbatch's and torchrun's flags for what an experiment sets under resources:."""
+
+
+def unrecognized(argv: Sequence[str], extras: Sequence[str], takes_overrides: bool) -> str:
+    """argparse's complaint about `extras` (what it could not place in `argv`); for a command that
+    takes KEY=VALUE overrides, each flag among them with the override that says the same."""
+    flags = _flags(argv, extras) if takes_overrides else []
+    if not flags:
+        return f"unrecognized arguments: {' '.join(extras)}"
+    given = " ".join(flag if value is None or "=" in flag else f"{flag} {value}" for flag, value in flags)
+    instead = " ".join(as_override(flag, value) for flag, value in flags)
+    return (
+        f"unrecognized arguments: {given}; slurmddp takes the experiment's settings as KEY=VALUE, "
+        f"not as flags: write {instead}"
+    )
+
+
+def as_override(flag: str, value: str | None) -> str:
+    """`--nodes`, `2` -> `resources.nodes=2`; `--lr=0.1` -> `lr=0.1`."""
+    name, _, attached = flag.partition("=")
+    key = FLAG_KEYS.get(name) or name.lstrip("-").replace("-", "_")
+    shown = attached or value
+    return f"{key}={shown if shown is not None else 'VALUE'}"
+
+
+def _flags(argv: Sequence[str], extras: Sequence[str]) -> list[tuple[str, str | None]]:
+    """Each unrecognized flag in `argv` with the word after it, where that word is a value (not
+    another flag, nor a KEY=VALUE override)."""
+    found: list[tuple[str, str | None]] = []
+    for position, word in enumerate(argv):
+        if not word.startswith("-") or word == "-" or word not in extras:
+            continue
+        following = argv[position + 1] if position + 1 < len(argv) else ""
+        is_value = following and not following.startswith("-") and "=" not in following
+        found.append((word, following if is_value and "=" not in word else None))
+    return found
