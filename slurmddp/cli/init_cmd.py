@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from slurmddp.cluster import slurm
 from slurmddp.experiment import starter
 
 
@@ -27,8 +28,13 @@ def _init(args: argparse.Namespace) -> int:
     written = starter.write(args.directory, starter.starter_files(cluster))
     for path in written:
         print(f"slurmddp: wrote {path}")
-    if cluster is None:
-        print("slurmddp: no Slurm controller answers here: the experiment runs its ranks on this machine")
+    if cluster is None and slurm.installed():
+        print(
+            "slurmddp: no Slurm controller answers here: submit refuses until one does "
+            "(executor=local trains on this machine instead)"
+        )
+    elif cluster is None:
+        print("slurmddp: no Slurm here: the experiment runs its ranks on this machine")
     else:
         where = f"partition {cluster.partition}" if cluster.partition else "the default partition"
         gpus = f", {cluster.gpus_per_node} GPUs per node" if cluster.gpus_per_node else ""

@@ -94,7 +94,7 @@ def _submit_sweep(
 def _dryrun(args: argparse.Namespace) -> int:
     loaded = load_experiment(args.experiment, args.overrides)
     elements = expand(loaded) if loaded.sweep is not None else []
-    dryrun.show(loaded, elements, plan_for(loaded, elements=elements), sys.stdout)
+    dryrun.show(loaded, elements, plan_for(loaded, elements=elements, preview=True), sys.stdout)
     return 0
 
 

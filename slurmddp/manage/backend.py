@@ -147,7 +147,7 @@ class LocalBackend:
         pids = ", ".join(map(str, sent))
         return (
             f"sent SIG{name} to the {len(sent)} ranks of local job {job_id} (processes {pids}), "
-            f"attempt {attempt.restart_count + 1}, as a {reason}"
+            f"attempt {records.attempt_number(records.read_attempts(run_dir), attempt)}, as a {reason}"
         )
 
     def partition_nodes(self, partition: str | None) -> int | None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import csv
 import io
 import math
-import time
 from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
@@ -153,21 +152,6 @@ def _row_json(row: runs.Row) -> dict[str, Any]:
         None if skipped is None else {"count": skipped.count, "step": skipped.step, "why": skipped.why}
     )
     return data
-
-
-def list_table(records: list[dict[str, Any]]) -> str:
-    header = ["submitted", "kind", "name", "job", "dir"]
-    body = [
-        [
-            time.strftime("%Y-%m-%d %H:%M", time.localtime(r["time"])),
-            r["kind"],
-            r["name"],
-            r["job_id"],
-            r["dir"],
-        ]
-        for r in records
-    ]
-    return table(header, body)
 
 
 def ranked(rows: list[runs.Row], metric: str, mode: str) -> list[runs.Row]:

@@ -48,7 +48,7 @@ def test_without_slurm_init_writes_the_starter_and_refuses_to_overwrite_it(
     assert main(["init", str(target)]) == 0
     assert sorted(p.name for p in target.iterdir()) == ["experiment.yaml", "train.py"]
     assert (target / "train.py").read_text() == (ROOT / "templates" / "train.py").read_text()
-    assert "no Slurm controller answers here" in capsys.readouterr().out
+    assert "no Slurm here: the experiment runs its ranks on this machine" in capsys.readouterr().out
     (target / "train.py").write_text("mine")
     assert main(["init", str(target)]) == 2
     assert capsys.readouterr().err == (

@@ -153,8 +153,8 @@ def check_preempted_then_completed(tmp_path: Path, run: Path, reason: str) -> di
     target = runs.load(run)
     text = report.status_table(target, runs.rows(target, with_usage=False), None)
     # A script's steps are its own: its stop records none (ctx.loop's records its step).
-    stopped = f"1 {reason} at step {ended[0]['step']}" if ended[0]["step"] is not None else f"1 {reason}"
-    assert f"run: attempts: {stopped}; 2 completed" in text, text
+    stopped = f"{reason} at step {ended[0]['step']}" if ended[0]["step"] is not None else reason
+    assert f"run: attempt 1: {stopped}; attempt 2: completed" in text, text
     return element
 
 

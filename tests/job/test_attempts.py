@@ -306,7 +306,7 @@ def test_a_node_that_went_down_under_a_killed_attempt_is_left_out(tmp_path: Path
     env = {**ENV, "SLURM_RESTART_COUNT": "1", "SLURM_JOB_NODELIST": "node[1,3]"}
     assert attempts.begin(path, env, now=1100.0, failed_nodes=failed, partition_nodes=lambda p: 3) == 0
     assert asked == [(["node1", "node2"], 1000.0)]
-    assert Exclusions.read(path).hosts["node2"].reason == "went down under attempt 0 (DOWN: Not responding)"
+    assert Exclusions.read(path).hosts["node2"].reason == "went down under attempt 1 (DOWN: Not responding)"
     assert [r.reason for r in ends(path)] == ["killed"]
 
 
@@ -337,7 +337,7 @@ def test_a_node_that_went_down_under_the_attempt_explains_its_end(tmp_path: Path
     )
     (record,) = ends(path)
     assert record.reason == "failure" and record.requeue is True
-    assert "node2 went down under attempt 0 (DOWN: Not responding)" in record.message
+    assert "node2 went down under attempt 1 (DOWN: Not responding)" in record.message
     assert "srun ending" not in record.message
     assert list(Exclusions.read(path).hosts) == ["node2"]
 

@@ -423,7 +423,7 @@ def test_a_node_that_fails_under_a_job_is_left_out_of_its_later_attempts(
         # Back in service at once: only the job's own exclusion keeps it away from here on.
         subprocess.run([*scontrol, "state=resume"], env=slurm_env, check=False, capture_output=True)
         reason = json.loads((run / "excluded.json").read_text())["hosts"][victim]["reason"]
-        assert reason == "went down under attempt 0 (DOWN: slurmddp test)", reason
+        assert reason == "went down under attempt 1 (DOWN: slurmddp test)", reason
         poll("a step of the second attempt", lambda: json.loads(progress.read_text())["restart_count"] == 1)
         stopped = slurmddp(slurm_env, tmp_path, "interrupt", str(run), "--preempt")
         assert stopped.returncode == 0, stopped.stdout + stopped.stderr
@@ -437,10 +437,10 @@ def test_a_node_that_fails_under_a_job_is_left_out_of_its_later_attempts(
     # The attempt's end names the node when it still reads down then (sinfo) or the accounting
     # has its event; otherwise (it came back at once, seen on 22.05) the next begin finds the event.
     assert first["reason"] in ("failure", "killed"), first
-    found_at_end = f"{victim} went down under attempt 0" in first["message"]
+    found_at_end = f"{victim} went down under attempt 1" in first["message"]
     print(f"\nnode failure named at the attempt's end: {found_at_end}")
     text = slurmddp(slurm_env, tmp_path, "status", str(run)).stdout
-    assert f"run: leaves out {victim}: went down under attempt 0 (DOWN: slurmddp test)" in text, text
+    assert f"run: leaves out {victim}: went down under attempt 1 (DOWN: slurmddp test)" in text, text
 
 
 # Rank 1 raises what an internal assert of torch's caching allocator says, at step 5 every time:

@@ -514,7 +514,7 @@ def went_down(attempt: Begin, known: set[str], failed_nodes: FailedNodes) -> dic
     which node of a NODE_FAIL job failed), each with why."""
     nodes = [n for n in hostlist.expand(attempt.nodes) if n not in known]
     found = failed_nodes(nodes, attempt.time) if nodes else {}
-    return {host: f"went down under attempt {attempt.attempt} ({why})" for host, why in found.items()}
+    return {host: f"went down under attempt {attempt.attempt + 1} ({why})" for host, why in found.items()}
 
 
 def requeue_target(env: Mapping[str, str]) -> str:
