@@ -220,12 +220,15 @@ def controller_silence() -> str | None:
         return f"cannot run scontrol: {exc}"
     except subprocess.TimeoutExpired:
         return f"no answer within {PING_TIMEOUT_S:g} s"
-    said = _said(proc)
+    # Each controller's line ("Slurmctld(primary) at ctl is DOWN") goes to stdout; with one down,
+    # stderr adds a banner of asterisks ("** RESTORE SLURMCTLD DAEMON TO SERVICE **").
+    said = proc.stdout.strip()
     # scontrol ping exits 0 only when every controller is UP; one UP (the primary or a backup) will do.
     if proc.returncode == 0 or re.search(r"\bis UP\b", said):
         return None
-    lines = said.splitlines()
-    return (lines[-1] if lines else "") or f"exit status {proc.returncode}"
+    lines = [line for line in f"{said}\n{proc.stderr}".splitlines() if line.strip(" *")]
+    controllers = [line for line in lines if line.startswith("Slurmctld(")]
+    return "; ".join(controllers or lines[-1:]) or f"exit status {proc.returncode}"
 
 
 CONTROLLER_PATIENCE_S: float = 10

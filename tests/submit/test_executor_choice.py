@@ -29,7 +29,11 @@ DEAD = """echo 'scontrol: error: _establish_config_source: failed to fetch confi
 echo 'scontrol: fatal: Could not establish a configuration source' >&2
 exit 1"""
 UP = "echo 'Slurmctld(primary) at ctl is UP'"
-DOWN = "echo 'Slurmctld(primary) at ctl is DOWN'; exit 1"
+# A controller down (22.05 and 24.11 alike): its line on stdout, a banner on stderr.
+BANNER = "*****************************************"
+DOWN = f"""echo 'Slurmctld(primary) at ctl is DOWN'
+echo '{BANNER}' >&2; echo '** RESTORE SLURMCTLD DAEMON TO SERVICE **' >&2; echo '{BANNER}' >&2
+exit 1"""
 BACKUP_UP = "echo 'Slurmctld(primary) at ctl is DOWN'; echo 'Slurmctld(backup) at ctl2 is UP'; exit 1"
 
 

@@ -341,6 +341,9 @@ def _enter(watchdog: Watchdog | None, phase: str) -> None:
 def _stopped(spec: RankSpec, dist: DistEnv, stop: StopForRequeue) -> dict[str, Any]:
     print(f"slurmddp: {stop_message(Path(spec.run_dir), stop)}", flush=True)
     if spec.executor == "local":
+        if _cancelled(Path(spec.run_dir)):
+            # Ended as they are: submitit's controller would start them again only to say so.
+            return {"stopped_at": stop.step}
         # submitit's local controller starts every task again when one exits with this status.
         raise SystemExit(LOCAL_REQUEUE_STATUS)
     if dist.rank == 0 and slurm.available("scontrol") and slurm.available("squeue"):
@@ -352,11 +355,16 @@ def _stopped(spec: RankSpec, dist: DistEnv, stop: StopForRequeue) -> dict[str, A
     return {"stopped_at": stop.step}
 
 
+def _cancelled(run_dir: Path) -> bool:
+    """Whether the stop is a cancel: `cancel` marks the run cancelled before it signals."""
+    final = records.final_end(records.read_attempts(run_dir))
+    return final is not None and final.reason == records.CANCELLED
+
+
 def stop_message(run_dir: Path, stop: StopForRequeue) -> str:
     """What a rank says once it stopped and saved: that the job will be requeued, unless the stop
-    is a cancel (`cancel` marks the run cancelled before it signals), which ends the run."""
-    final = records.final_end(records.read_attempts(run_dir))
-    if final is None or final.reason != records.CANCELLED:
+    is a cancel, which ends the run."""
+    if not _cancelled(run_dir):
         return str(stop)
     return (
         f"stopped at step {stop.step} for the cancel and saved a checkpoint there; the run ends "
