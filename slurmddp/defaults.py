@@ -21,6 +21,7 @@ RunKind = Literal["run", "sweep"]
 Autocast = Literal["none", "bfloat16", "float16"]
 OutputMode = Literal["private", "group"]
 IntegrationsMode = Literal["manual", "auto"]
+ContainerRuntime = Literal["auto", "pyxis", "apptainer", "oci"]
 """Whether a script's framework Trainer gets slurmddp's preemption callback unasked (`integrations`)."""
 """Who may read the run directories slurmddp creates (`output_mode`)."""
 OUTPUT_DIR_MODES: dict[OutputMode, int] = {"private": 0o700, "group": 0o750}
@@ -56,3 +57,9 @@ LOCAL_REQUEUE_STATUS = 144
 VERSION = "0.1.0"
 """slurmddp's release, written once: pyproject.toml reads it from here, the package exports it as
 `slurmddp.__version__`, and `--version` shows it where no installed distribution says otherwise."""
+
+
+SUBMITTED_WITH_ENV = "SLURMDDP_SUBMITTED_WITH"
+"""The slurmddp version that submitted a job whose ranks run in a container: the rank's boot
+refuses to go on where the image's slurmddp differs (the job's pickle and records are that
+version's)."""

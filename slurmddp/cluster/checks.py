@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from slurmddp.cluster import slurm
+from slurmddp.cluster import runtimes, slurm
 from slurmddp.cluster.generations import Version, in_effect, shown
 from slurmddp.cluster.slurm import TOOLS, parse_config, version
 from slurmddp.errors import SlurmCommandError
@@ -160,6 +160,16 @@ def _accounting(config: Mapping[str, str]) -> Check:
     return Check("AccountingStorageType", OK, value, "accounting on: sacct reports how each job ended")
 
 
+def check_runtimes(offered: runtimes.Offered) -> list[Check]:
+    """One line per container runtime: what `container.runtime` may name here. An absent one is
+    no fault of the cluster's."""
+    return [
+        Check(f"container: {name}", OK, "offered" if found else "absent", found or offered.why_not[name])
+        for name in runtimes.RUNTIMES
+        for found in [offered.found.get(name)]
+    ]
+
+
 def format_checks(checks: Sequence[Check]) -> str:
     width = max((len(check.name) for check in checks), default=0)
     lines = []
@@ -184,11 +194,13 @@ class Examination:
 def examine(
     which: Callable[[str], str | None] = shutil.which,
     show_config: Callable[[], str] = slurm.show_config,
+    srun_help: Callable[[], str] = runtimes.srun_help,
 ) -> Examination:
-    """Run the login-node checks: the tools on PATH and, where scontrol is one, slurmctld's settings."""
+    """Run the login-node checks: the tools on PATH, the container runtimes and, where scontrol is
+    one, slurmctld's settings."""
     checks = check_tools({tool: which(tool) for tool in TOOLS})
     if not which("scontrol"):
-        return Examination(checks, None, None)
+        return Examination(checks + check_runtimes(runtimes.offered(srun_help, None, which)), None, None)
     try:
         config = parse_config(show_config())
     except SlurmCommandError as exc:
@@ -204,7 +216,8 @@ def examine(
             )
         )
         return Examination(checks, None, None)
-    return Examination(checks + check_config(config), config, version())
+    offered = runtimes.offered(srun_help, config, which)
+    return Examination(checks + check_config(config) + check_runtimes(offered), config, version())
 
 
 def describe_generation(found: Version | None, config: Mapping[str, str]) -> str:

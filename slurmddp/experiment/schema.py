@@ -20,6 +20,7 @@ from slurmddp.defaults import (
     STOP_SIGNAL,
     Autocast,
     Backend,
+    ContainerRuntime,
     Executor,
     GpuBinding,
     IntegrationsMode,
@@ -430,6 +431,51 @@ class Trackers:
                 )
 
 
+_MOUNT = re.compile(r"^[^:,]+:[^:,]+(:[a-z+]+)?$")
+
+
+@dataclass(kw_only=True)
+class Container:
+    """Where the ranks run: inside a container image on each node. The batch script (attempts,
+    requeues, in-job restarts, spares) stays outside, on the node itself."""
+
+    image: str | None = None
+    """The image: a pyxis/enroot image (`nvcr.io#nvidia/pytorch:24.10-py3`, or a `.sqsh` file), an
+    Apptainer image (a `.sif` file, or `docker://...`), or an OCI bundle directory (`config.json`
+    beside `rootfs/`). None: the ranks run on the node itself."""
+    runtime: ContainerRuntime = "auto"
+    """`pyxis` (srun --container-image), `apptainer` (apptainer exec, or singularity), `oci`
+    (Slurm's own srun --container=BUNDLE, from oci.conf), or `auto`: the one the image's form
+    names (a directory: oci; .sif or docker://: apptainer; .sqsh or a registry reference: pyxis)."""
+    mounts: list[str] = field(default_factory=list)
+    """More bind mounts, `SRC:DST` or `SRC:DST:FLAGS` (`ro`): data sets, caches. The run
+    directory (its checkpoints included), a checkpoint.dir outside it and the directory you submit
+    from are mounted at their own paths without being named here."""
+    workdir: str | None = None
+    """The ranks' working directory inside; None: the directory you submit from, as outside."""
+    env: dict[str, str] = field(default_factory=dict)
+    """Variables set inside the container, beside the ones every rank gets."""
+    gpus: bool = True
+    """Give the ranks the node's GPUs: Apptainer's --nv (pyxis and OCI do it by their hooks)."""
+    python: str = "python3"
+    """The interpreter inside the image that runs each rank; slurmddp, at this version, must be
+    importable by it (the preflight inside the container says what is missing)."""
+
+    def __post_init__(self) -> None:
+        for key in ("image", "workdir", "python"):
+            _one_line(f"container.{key}", getattr(self, key))
+        for mount in self.mounts:
+            if not _MOUNT.match(mount):
+                raise ConfigError(
+                    f"container.mounts: {mount!r} is not SRC:DST or SRC:DST:FLAGS (absolute paths, "
+                    "no commas; FLAGS such as ro)"
+                )
+        for name, value in self.env.items():
+            if not _ENV_NAME.match(name):
+                raise ConfigError(f"container.env: {name!r} is not an environment variable name")
+            _one_line(f"container.env.{name}", str(value))
+
+
 @dataclass(kw_only=True)
 class Experiment:
     """One experiment: what to run, on what, and the user's own `train:` settings."""
@@ -462,6 +508,7 @@ class Experiment:
     precision: Precision = field(default_factory=Precision)
     telemetry: Telemetry = field(default_factory=Telemetry)
     trackers: Trackers = field(default_factory=Trackers)
+    container: Container = field(default_factory=Container)
     integrations: IntegrationsMode = "manual"
     """For a script entrypoint: `auto` gives every HF transformers `Trainer` and PyTorch Lightning
     `Trainer` the script builds slurmddp's preemption callback, as the one line of

@@ -12,7 +12,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from slurmddp.cluster import runtimes
 from slurmddp.cluster.generations import Version, exports_srun_cpus
+from slurmddp.cluster.runtimes import Runtime
 from slurmddp.cluster.timespec import minutes_ceil, parse_time
 from slurmddp.defaults import ALWAYS_STOP_ON, RunExecutor
 from slurmddp.errors import ConfigError
@@ -21,6 +23,7 @@ from slurmddp.experiment.load import Loaded
 from slurmddp.experiment.schema import Experiment
 from slurmddp.job.spec import RankSpec, RunSettings
 from slurmddp.rundir.layout import CHECKPOINTS, LOGS
+from slurmddp.submit import container
 from slurmddp.submit.script import BOOT_MODULE, render_template, sbatch_script
 
 SRUN_ARGS = ("--kill-on-bad-exit=1", "--overlap")
@@ -63,6 +66,8 @@ class SubmissionPlan:
     """The Slurm release the batch script was written for (`sbatch --version`; None: unknown)."""
     warnings: tuple[str, ...] = field(default=())
     """What will make the run slow or fail here, said on stderr before it starts."""
+    container: Runtime | None = None
+    """The runtime the ranks start in (the experiment's `container:`); None: on the nodes themselves."""
 
     def batch_script(self) -> str:
         """The batch script submitit writes for this plan, byte for byte (Slurm plans)."""
@@ -99,8 +104,20 @@ def build(
     if elements:
         _check_shared(ranks)
     folder = run_dir / LOGS
+    different = [
+        i for i, (element, _) in enumerate(elements) if element.experiment.container != exp.container
+    ]
+    if different:
+        raise ConfigError(
+            f"container: sweep elements {', '.join(map(str, different))} run in another container than "
+            "the sweep's first; one array job starts every element alike: sweep the container in "
+            "separate submissions"
+        )
+    started = container_launch(exp, executor, ranks, run_dir, workdir)
     if executor == "slurm":
         parameters = slurm_parameters(exp, run_dir, interpreter, submission, slurm_version)
+        if started is not None:
+            parameters["srun_args"] = [*parameters["srun_args"], *started.srun_args]
         if elements:
             parameters["array_parallelism"] = max_parallel or len(ranks)
         notes = slurm_notes(exp)
@@ -113,7 +130,7 @@ def build(
         job_name=exp.name,
         run_dir=run_dir,
         folder=folder,
-        python=f"{interpreter} -u -m {BOOT_MODULE}",
+        python=f"{started.interpreter if started else interpreter} -u -m {BOOT_MODULE}",
         parameters=parameters,
         rank=ranks[0],
         world_size=exp.resources.world_size,
@@ -121,6 +138,7 @@ def build(
         array=ranks if elements else (),
         slurm_version=slurm_version if executor == "slurm" else None,
         warnings=local_warnings(exp, machine.cores) if executor == "local" else (),
+        container=started.runtime if started else None,
     )
 
 
@@ -158,6 +176,23 @@ def rank_spec(
         stop_signals=stop_signals(exp),
         executor=executor,
     )
+
+
+def container_launch(
+    exp: Experiment, executor: RunExecutor, ranks: tuple[RankSpec, ...], run_dir: Path, workdir: Path
+) -> container.Launch | None:
+    """How the ranks start inside the experiment's container (None: without one), with the run
+    directory, every checkpoint directory and the directory submitted from mounted."""
+    if exp.container.image is None:
+        return None
+    if executor == "local":
+        raise ConfigError(
+            f"container.image: {exp.container.image} is for Slurm's nodes; the local executor runs the "
+            "ranks on this machine as they are: leave container.image unset (container.image=null) "
+            "or submit to Slurm"
+        )
+    always = [run_dir, workdir, *(Path(rank.checkpoint_dir) for rank in ranks)]
+    return container.launch(exp.container, always, workdir, runtimes.apptainer_command())
 
 
 def _check_shared(ranks: tuple[RankSpec, ...]) -> None:

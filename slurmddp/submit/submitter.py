@@ -17,7 +17,7 @@ from typing import Any
 import submitit
 from submitit.core.utils import FailedJobError
 
-from slurmddp.cluster import slurm
+from slurmddp.cluster import runtimes, slurm
 from slurmddp.defaults import OUTPUT_DIR_MODES
 from slurmddp.errors import ConfigError, SubmitError
 from slurmddp.experiment.load import Loaded, SweepElement
@@ -57,8 +57,11 @@ def check_schedulable(plan: SubmissionPlan) -> None:
 
     Slurm 22.05 (without EnforcePartLimits) accepts a job that asks for more nodes, CPUs or GPUs
     than its partition has, and leaves it pending forever with reason PartitionConfig; `sbatch
-    --test-only` refuses it in ~10 ms and says why.
+    --test-only` refuses it in ~10 ms and says why. Ranks in a container need its runtime on the
+    cluster first (cluster/runtimes.py).
     """
+    if plan.container is not None:
+        runtimes.offered(runtimes.srun_help, slurm.parse_config(slurm.show_config())).require(plan.container)
     said = slurm.test_only(plan.batch_script())
     if said is not None:
         raise SubmitError(f"sbatch refused the job; nothing was submitted. sbatch said:\n{said}{_hint(said)}")

@@ -20,11 +20,12 @@ def test_examine_prints_every_check_from_a_fake_cluster() -> None:
     def show_config() -> str:
         return LAB.replace("= REQUEUE", "= CANCEL")
 
-    found = examine(which=which, show_config=show_config)
+    found = examine(which=which, show_config=show_config, srun_help=lambda: "")
     out = io.StringIO()
     doctor_cmd.show(out, found)
     text = out.getvalue()
     assert text.startswith("slurmddp doctor: Slurm 22.05.8, cluster slurmddp\n")
+    assert "  OK    container: pyxis" in text and "absent" in text
     assert "  WARN  PreemptMode/PreemptType" in text and "/opt/slurm/bin/sacct" in text
     assert not failed(found.checks)
 

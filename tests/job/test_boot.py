@@ -3,12 +3,18 @@ done, so a late time-limit signal cannot kill a rank that has finished."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
 from pathlib import Path
 
-from slurmddp.defaults import STOP_SIGNALS_ENV
+import pytest
+
+from slurmddp.defaults import STOP_SIGNALS_ENV, SUBMITTED_WITH_ENV
+from slurmddp.job.launch import boot
+from slurmddp.rundir.layout import CONFIG
+from slurmddp.rundir.records import Failure
 
 
 def test_stop_signals_are_caught_during_the_run_and_ignored_at_exit(tmp_path: Path) -> None:
@@ -72,3 +78,28 @@ def test_importing_the_runtime_leaves_torch_unloaded() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False
     )
     assert proc.stdout.strip() == "False", proc.stdout + proc.stderr
+
+
+def test_a_container_without_torch_or_with_another_slurmddp_is_refused_and_not_retried(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    run_dir = tmp_path / "run"
+    (run_dir / "logs").mkdir(parents=True)
+    (run_dir / CONFIG).write_text("name: x\n")
+    monkeypatch.setenv("SLURM_JOB_ID", "41")
+    monkeypatch.setenv("SLURM_PROCID", "3")
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "torch" else real_find_spec(name, *a)
+    )
+    monkeypatch.delenv(SUBMITTED_WITH_ENV, raising=False)
+    boot._check_image([str(run_dir / "logs")])  # outside a container: nothing is checked
+    monkeypatch.setenv(SUBMITTED_WITH_ENV, "9.9.9")
+    with pytest.raises(SystemExit) as refused:
+        boot._check_image([str(run_dir / "logs")])
+    said = str(refused.value)
+    assert "it has no torch and slurmddp " in said and "submitted with slurmddp 9.9.9" in said, said
+    assert "pip install 'slurmddp==9.9.9' torch" in said
+    [failure] = Failure.read_all(run_dir)
+    assert failure.rank == 3 and failure.retry is False
+    assert failure.error == said.removeprefix("slurmddp: ")

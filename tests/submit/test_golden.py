@@ -1,4 +1,5 @@
-"""The batch scripts of three representative experiments (CPU, GPU per node, a sweep), compared
+"""The batch scripts of five representative experiments (CPU, GPU per node, a sweep, ranks in a
+pyxis container and in an Apptainer one), compared
 byte for byte with the files beside them: any change to what sbatch receives shows up as a diff
 to review. The interpreter and the run directory vary by machine and are written as PYTHON and
 RUN_DIR. After an intended change: SLURMDDP_UPDATE_GOLDEN=1 pytest tests/submit/test_golden.py."""
@@ -33,10 +34,11 @@ def rendered(name: str, run_dir: Path) -> str:
     elements = expand(loaded) if loaded.sweep is not None else []
     plan = plan_for(loaded, elements=elements, executor="slurm", run_dir=run_dir, workdir=REPO)
     script = plan.batch_script()
-    return script.replace(str(run_dir), "RUN_DIR").replace(shlex.quote(sys.executable), "PYTHON")
+    script = script.replace(str(run_dir), "RUN_DIR").replace(shlex.quote(sys.executable), "PYTHON")
+    return script.replace(str(REPO), "REPO")
 
 
-@pytest.mark.parametrize("name", ["cpu", "gpu_node", "sweep"])
+@pytest.mark.parametrize("name", ["cpu", "gpu_node", "sweep", "pyxis", "apptainer"])
 def test_batch_script_is_byte_for_byte_the_golden_one(
     name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

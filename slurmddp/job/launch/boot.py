@@ -9,13 +9,14 @@ rank puts ours back first thing; until then a signal is recorded, not fatal.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import runpy
 import sys
 import time
 from pathlib import Path
 
-from slurmddp.defaults import ALWAYS_STOP_ON, STOP_SIGNAL, STOP_SIGNALS_ENV
+from slurmddp.defaults import ALWAYS_STOP_ON, STOP_SIGNAL, STOP_SIGNALS_ENV, SUBMITTED_WITH_ENV, VERSION
 from slurmddp.errors import UntrustedPickle
 from slurmddp.job.launch import trust
 from slurmddp.job.process import signals
@@ -32,6 +33,7 @@ def main(argv: list[str]) -> None:
     if argv[:1] != ["-m"] or len(argv) < 2:
         raise SystemExit("usage: python -u -m slurmddp.job.launch.boot [-u] -m MODULE [ARGS...]")
     if argv[1] == trust.SUBMITIT_RUNNER:
+        _check_image(argv[2:])
         _check_pickle(argv[2:])
     sys.argv = [argv[1], *argv[2:]]
     try:
@@ -50,6 +52,30 @@ def main(argv: list[str]) -> None:
         # default is to terminate: a time-limit signal in those last milliseconds made srun report
         # a finished rank as killed by signal 12 (seen on the lab, Slurm 22.05.8).
         signals.ignore(stop_signals)
+
+
+IMAGE_NEEDS = ("torch", "submitit")
+"""What a rank imports besides slurmddp: a container image must hold them."""
+
+
+def _check_image(args: list[str]) -> None:
+    """In a container (the submit side named its version), refuse an image that cannot run the
+    job: one without torch or submitit, or with another slurmddp than the one that submitted. The
+    attempt is recorded as a failure not to retry: the next would find the same image."""
+    wanted = os.environ.get(SUBMITTED_WITH_ENV)
+    if wanted is None:
+        return
+    problems = [f"no {name}" for name in IMAGE_NEEDS if importlib.util.find_spec(name) is None]
+    if wanted != VERSION:
+        problems.append(f"slurmddp {VERSION} where the job was submitted with slurmddp {wanted}")
+    if problems:
+        error = (
+            f"the container's {sys.executable} cannot run this job: it has {' and '.join(problems)}; "
+            f"install them in the image (pip install 'slurmddp=={wanted}' torch), or mount a "
+            "Python environment that has them (container.mounts, container.python)"
+        )
+        _record_refusal(trust.runner_folder(args), error)
+        raise SystemExit(f"slurmddp: {error}")
 
 
 def _check_pickle(args: list[str]) -> None:
