@@ -162,9 +162,9 @@ def check_bundle(bundle: Path, binds: Sequence[Mount]) -> None:
 
 
 def _check_sources(image: str, binds: Sequence[Mount]) -> None:
-    """An image file or bundle named by path, and the source of each of the user's mounts, must exist: the nodes
-    share the login node's filesystems, and a missing path would fail every rank's start after
-    the queue."""
+    """An image file or bundle named by path, and the source of each of the user's mounts, must
+    exist: the nodes share the login node's filesystems, and a missing path would fail every
+    rank's start after the queue."""
     if _is_path(image) and not Path(image).exists():
         raise ConfigError(
             f"container.image: {image} does not exist; name an existing image file or bundle (a path "

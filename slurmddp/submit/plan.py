@@ -104,16 +104,17 @@ def build(
     if elements:
         _check_shared(ranks)
     folder = run_dir / LOGS
-    different = [
-        i for i, (element, _) in enumerate(elements) if element.experiment.container != exp.container
-    ]
+    first = elements[0][0].experiment.container if elements else exp.container
+    different = [i for i, (element, _) in enumerate(elements) if element.experiment.container != first]
     if different:
         raise ConfigError(
             f"container: sweep elements {', '.join(map(str, different))} run in another container than "
             "the sweep's first; one array job starts every element alike: sweep the container in "
             "separate submissions"
         )
-    started = container_launch(exp, executor, ranks, run_dir, workdir)
+    started = container_launch(
+        elements[0][0].experiment if elements else exp, executor, ranks, run_dir, workdir
+    )
     if executor == "slurm":
         parameters = slurm_parameters(exp, run_dir, interpreter, submission, slurm_version)
         if started is not None:

@@ -15,6 +15,7 @@ from train_sources import write_main
 
 from slurmddp.cli.dryrun import rank_env
 from slurmddp.defaults import RunExecutor
+from slurmddp.errors import ConfigError
 from slurmddp.experiment.load import load_experiment
 from slurmddp.experiment.schema import Telemetry, Trackers
 from slurmddp.manage.actions import last_save_seconds
@@ -239,3 +240,11 @@ def test_shipped_profiles_apply(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
 def test_starter_template_plans(tmp_path: Path) -> None:
     plan = make_plan(ROOT / "templates" / "experiment.yaml", [], tmp_path, "local")
     assert plan.rank.function == f"{ROOT / 'templates' / 'train.py'}:main" and plan.world_size == 2
+
+
+def test_a_container_is_refused_for_the_local_executor(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"container\.image: nvcr\.io#x:1 is for Slurm's nodes"):
+        make_plan(QUICKSTART, ["container.image=nvcr.io#x:1"], tmp_path / "run", executor="local")
+    plan = make_plan(QUICKSTART, ["container.image=nvcr.io#x:1"], tmp_path / "run")
+    assert plan.container == "pyxis" and "--container-image=nvcr.io#x:1" in plan.parameters["srun_args"]
+    assert plan.python.startswith("python3 -u -m slurmddp.job.launch.boot")

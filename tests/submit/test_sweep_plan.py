@@ -90,3 +90,16 @@ def test_dryrun_of_a_sweep_lists_its_elements(tmp_path: Path, capsys: pytest.Cap
         f"lr={lr} width={width}" for lr in (0.01, 0.05, 0.2) for width in (128, 256)
     ]
     assert not tmp_path.joinpath("sweep").exists()
+
+
+def test_a_sweep_over_containers_is_refused_and_one_container_reaches_every_element(tmp_path: Path) -> None:
+    varied = write_sweep(
+        tmp_path, "{list: [{container.image: 'nvcr.io#a:1'}, {container.image: 'nvcr.io#b:2'}]}"
+    )
+    with pytest.raises(ConfigError, match="container: sweep elements 1 run in another container"):
+        sweep_plan(tmp_path, varied)
+    shared = write_sweep(
+        tmp_path, "{grid: {lr: [0.1, 0.2]}}", extra="container: {image: 'nvcr.io#nvidia/pytorch:24.10-py3'}\n"
+    )
+    script = sweep_plan(tmp_path, shared).batch_script()
+    assert "'--container-image=nvcr.io#nvidia/pytorch:24.10-py3'" in script
