@@ -63,3 +63,9 @@ SUBMITTED_WITH_ENV = "SLURMDDP_SUBMITTED_WITH"
 """The slurmddp version that submitted a job whose ranks run in a container: the rank's boot
 refuses to go on where the image's slurmddp differs (the job's pickle and records are that
 version's)."""
+
+
+TASK_IDS_FROM_HOST_ENV = "SLURMDDP_TASK_IDS_FROM_HOST"
+"""Set ("1") for ranks in an OCI bundle on Slurm 22.05, which hands the container the environment
+srun was started with (the batch script's SLURM_PROCID=0 included) instead of the task's: the rank
+works out its ids from its host's place in the step (job/launch/boot.py)."""

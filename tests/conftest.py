@@ -32,6 +32,7 @@ sys.path.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shlex
 import shutil
@@ -416,6 +417,51 @@ def slurm_wait(slurm_env: dict[str, str]) -> Callable[..., str]:
         return wait_for_job(job_id, slurm_env, timeout=timeout)
 
     return wait
+
+
+def submit_run(env: dict[str, str], out: Path, *overrides: str, experiment: Path = SYNTHETIC) -> Path:
+    """`submit EXPERIMENT OVERRIDES output_dir=OUT` from OUT's parent; the run directory."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "slurmddp", "submit", str(experiment), *overrides, f"output_dir={out}"],
+        env=env,
+        cwd=out.parent,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (manifest,) = out.glob("*/*/manifest.json")
+    return manifest.parent
+
+
+def run_job_id(run: Path) -> str:
+    """The Slurm job id a run's manifest records."""
+    return str(json.loads((run / "manifest.json").read_text())["job_id"])
+
+
+def preempt_with_high_job(env: dict[str, str], tmp: Path) -> None:
+    """Submit a job to the lab's high partition that needs every core of every node: it preempts
+    whatever runs in the debug partition."""
+    subprocess.run(
+        [
+            "sbatch",
+            "-p",
+            "high",
+            "-N",
+            "3",
+            "--exclusive",
+            "-t",
+            "1",
+            "-o",
+            str(tmp / "high-%j.out"),
+            "--wrap",
+            "sleep 3",
+        ],
+        env=env,
+        check=True,
+        capture_output=True,
+        text=True,
+    )
 
 
 def wait_until(what: str, check: Callable[[], bool], timeout: float = 180) -> None:

@@ -349,6 +349,8 @@ PARSES_OTHER_FILES = (
     "slurmddp.job.checkpoint",
     # The frameworks' checkpoint markers, written and read beside their checkpoints.
     "slurmddp.integrations",
+    # An OCI bundle's config.json: the user's container image, checked for the mounts it holds.
+    "slurmddp.submit.container",
 )
 
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from slurmddp.cluster.runtimes import Runtime
-from slurmddp.defaults import SUBMITTED_WITH_ENV, VERSION
+from slurmddp.defaults import SUBMITTED_WITH_ENV, TASK_IDS_FROM_HOST_ENV, VERSION
 from slurmddp.errors import ConfigError
 from slurmddp.experiment.schema import Container
 
@@ -96,11 +96,16 @@ def mounts(container: Container, always: Sequence[Path]) -> tuple[Mount, ...]:
 
 
 def launch(
-    container: Container, always: Sequence[Path], workdir: Path, apptainer: str = "apptainer"
+    container: Container,
+    always: Sequence[Path],
+    workdir: Path,
+    apptainer: str = "apptainer",
+    task_ids_from_host: bool = False,
 ) -> Launch:
     """How the ranks start inside `container`, with `always` (the paths they use by name) mounted
     and `workdir` (the directory submitted from) their working directory unless it names one;
-    `apptainer`: the command Apptainer goes by (`singularity` on older installations)."""
+    `apptainer`: the command Apptainer goes by (`singularity` on older installations);
+    `task_ids_from_host`: the ranks work out their ids themselves (an OCI bundle on Slurm 22.05)."""
     runtime = runtime_of(container)
     image = container.image or ""
     binds = mounts(container, always)
@@ -108,7 +113,8 @@ def launch(
     _check_sources(image, [Mount.parse(text) for text in container.mounts])
     cwd = container.workdir or str(workdir)
     python = container.python
-    env = tuple(f"{name}={value}" for name, value in {**container.env, SUBMITTED_WITH_ENV: VERSION}.items())
+    ours = {SUBMITTED_WITH_ENV: VERSION, **({TASK_IDS_FROM_HOST_ENV: "1"} if task_ids_from_host else {})}
+    env = tuple(f"{name}={value}" for name, value in {**container.env, **ours}.items())
     # srun hands its environment to every runtime's ranks; --export adds the container's own.
     export = (f"--export={','.join(('ALL', *env))}",)
     if runtime == "pyxis":
@@ -147,8 +153,13 @@ def check_bundle(bundle: Path, binds: Sequence[Mount]) -> None:
         spec = json.loads(config.read_text())
     except (OSError, ValueError) as exc:
         raise ConfigError(f"container.image: cannot read the OCI bundle's {config}: {exc}") from None
-    present = {str(entry.get("destination")) for entry in spec.get("mounts", []) if isinstance(entry, dict)}
-    missing = [mount for mount in binds if mount.target not in present]
+    # A bind of a folder at its own path covers everything under it (/tmp covers /tmp/runs/x).
+    present = [
+        PurePosixPath(str(entry.get("destination")))
+        for entry in spec.get("mounts", [])
+        if isinstance(entry, dict) and entry.get("source") == entry.get("destination")
+    ]
+    missing = [m for m in binds if not any(_within(Path(m.target), root) for root in present)]
     if missing:
         entries = ", ".join(
             json.dumps({"destination": m.target, "source": m.source, "type": "bind", "options": ["rbind"]})

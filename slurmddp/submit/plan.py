@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from slurmddp.cluster import runtimes
-from slurmddp.cluster.generations import Version, exports_srun_cpus
+from slurmddp.cluster.generations import Version, exports_srun_cpus, shown
 from slurmddp.cluster.runtimes import Runtime
 from slurmddp.cluster.timespec import minutes_ceil, parse_time
 from slurmddp.defaults import ALWAYS_STOP_ON, RunExecutor
@@ -104,16 +104,8 @@ def build(
     if elements:
         _check_shared(ranks)
     folder = run_dir / LOGS
-    first = elements[0][0].experiment.container if elements else exp.container
-    different = [i for i, (element, _) in enumerate(elements) if element.experiment.container != first]
-    if different:
-        raise ConfigError(
-            f"container: sweep elements {', '.join(map(str, different))} run in another container than "
-            "the sweep's first; one array job starts every element alike: sweep the container in "
-            "separate submissions"
-        )
     started = container_launch(
-        elements[0][0].experiment if elements else exp, executor, ranks, run_dir, workdir
+        _one_container(loaded, elements), executor, ranks, run_dir, workdir, slurm_version
     )
     if executor == "slurm":
         parameters = slurm_parameters(exp, run_dir, interpreter, submission, slurm_version)
@@ -179,11 +171,22 @@ def rank_spec(
     )
 
 
+OCI_TASKS_PER_NODE_UNTIL: Version = (23, 0, 0)
+"""Slurm 22.05's OCI support runs one task per node: slurmstepd refuses more ("_modify_config:
+unexpected number of tasks 2 > 1", seen on 22.05.8); 24.11.5 runs several."""
+
+
 def container_launch(
-    exp: Experiment, executor: RunExecutor, ranks: tuple[RankSpec, ...], run_dir: Path, workdir: Path
+    exp: Experiment,
+    executor: RunExecutor,
+    ranks: tuple[RankSpec, ...],
+    run_dir: Path,
+    workdir: Path,
+    slurm_version: Version | None = None,
 ) -> container.Launch | None:
     """How the ranks start inside the experiment's container (None: without one), with the run
-    directory, every checkpoint directory and the directory submitted from mounted."""
+    directory, every checkpoint directory and the directory submitted from mounted, for the
+    Slurm release `slurm_version` (None: unknown)."""
     if exp.container.image is None:
         return None
     if executor == "local":
@@ -193,7 +196,34 @@ def container_launch(
             "or submit to Slurm"
         )
     always = [run_dir, workdir, *(Path(rank.checkpoint_dir) for rank in ranks)]
-    return container.launch(exp.container, always, workdir, runtimes.apptainer_command())
+    old_oci = container.runtime_of(exp.container) == "oci" and (
+        slurm_version is not None and slurm_version < OCI_TASKS_PER_NODE_UNTIL
+    )
+    per_node = exp.resources.ranks_per_node
+    if old_oci and per_node > 1:
+        raise ConfigError(
+            f"container.image: Slurm {shown(slurm_version)} runs one task per node in an OCI bundle, "
+            f"and this run has {per_node} ranks per node; set resources.tasks_per_node=1 (and more "
+            "resources.nodes), or use pyxis or Apptainer, which run a task per rank"
+        )
+    return container.launch(
+        exp.container, always, workdir, runtimes.apptainer_command(), task_ids_from_host=old_oci
+    )
+
+
+def _one_container(loaded: Loaded, elements: tuple[tuple[Loaded, Path], ...]) -> Experiment:
+    """The experiment whose container every rank starts in: one array job starts its elements
+    alike, so a sweep's elements must agree on it."""
+    exp = elements[0][0].experiment if elements else loaded.experiment
+    different = [
+        str(i) for i, (element, _) in enumerate(elements) if element.experiment.container != exp.container
+    ]
+    if different:
+        raise ConfigError(
+            f"container: sweep elements {', '.join(different)} run in another container than element "
+            "0; one array job starts every element alike: submit each container as a sweep of its own"
+        )
+    return exp
 
 
 def _check_shared(ranks: tuple[RankSpec, ...]) -> None:

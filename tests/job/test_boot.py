@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from slurmddp.defaults import STOP_SIGNALS_ENV, SUBMITTED_WITH_ENV
+from slurmddp.defaults import STOP_SIGNALS_ENV, SUBMITTED_WITH_ENV, TASK_IDS_FROM_HOST_ENV
 from slurmddp.job.launch import boot
 from slurmddp.rundir.layout import CONFIG
 from slurmddp.rundir.records import Failure
@@ -103,3 +103,20 @@ def test_a_container_without_torch_or_with_another_slurmddp_is_refused_and_not_r
     [failure] = Failure.read_all(run_dir)
     assert failure.rank == 3 and failure.retry is False
     assert failure.error == said.removeprefix("slurmddp: ")
+
+
+def test_a_task_in_a_slurm_22_05_oci_container_finds_its_rank_from_its_host() -> None:
+    # srun's environment, as 22.05 hands it to the container: the batch script's SLURM_PROCID=0.
+    step = {
+        "SLURM_CONTAINER": "/bundles/torch",
+        "SLURM_STEP_NODELIST": "node[1-3]",
+        "SLURM_PROCID": "0",
+        TASK_IDS_FROM_HOST_ENV: "1",
+    }
+    ids = boot.container_task_ids(step, "node2.cluster.example")
+    assert ids == {"SLURM_PROCID": "1", "SLURM_NODEID": "1", "SLURM_LOCALID": "0"}
+    # Not asked for (24.11 hands each task its own), or a host outside the step: nothing is guessed.
+    assert (
+        boot.container_task_ids({k: v for k, v in step.items() if k != TASK_IDS_FROM_HOST_ENV}, "node2") == {}
+    )
+    assert boot.container_task_ids(step, "login1") == {}

@@ -8,13 +8,22 @@ import os
 import random
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import ROOT, SYNTHETIC, parent_pid, rank_pids, slurmddp, wait_for_job, wait_until
+from conftest import (
+    ROOT,
+    parent_pid,
+    preempt_with_high_job,
+    rank_pids,
+    run_job_id,
+    slurmddp,
+    submit_run,
+    wait_for_job,
+    wait_until,
+)
 
 from slurmddp.cluster import hostlist
 from slurmddp.rundir.records import Failure
@@ -23,24 +32,6 @@ STEPS = 1000
 COMMON = [f"train.steps={STEPS}", "train.log_every=100"]
 
 pytestmark = [pytest.mark.slurm, pytest.mark.lab_generation("24.11")]
-
-
-def submit(env: dict[str, str], out: Path, *overrides: str, experiment: Path = SYNTHETIC) -> Path:
-    proc = subprocess.run(
-        [sys.executable, "-m", "slurmddp", "submit", str(experiment), *overrides, f"output_dir={out}"],
-        env=env,
-        cwd=out.parent,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    (manifest,) = out.glob("*/*/manifest.json")
-    return manifest.parent
-
-
-def job_id(run: Path) -> str:
-    return str(json.loads((run / "manifest.json").read_text())["job_id"])
 
 
 def progress_step(run: Path) -> int:
@@ -67,30 +58,6 @@ def final_hash(run: Path) -> str:
     return hashes.pop()
 
 
-def preempt(env: dict[str, str], tmp: Path) -> None:
-    """Submit a job to the high partition that needs every core of every node."""
-    subprocess.run(
-        [
-            "sbatch",
-            "-p",
-            "high",
-            "-N",
-            "3",
-            "--exclusive",
-            "-t",
-            "1",
-            "-o",
-            str(tmp / "high-%j.out"),
-            "--wrap",
-            "sleep 3",
-        ],
-        env=env,
-        check=True,
-        capture_output=True,
-        text=True,
-    )
-
-
 def rank_pid(run: Path, rank: int) -> int:
     """The PID of one rank's process (not of its loader workers, which it forked)."""
     pids = rank_pids(run, rank=rank)
@@ -102,19 +69,19 @@ def rank_pid(run: Path, rank: int) -> int:
 def reference(slurm_lab: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> str:
     """The uninterrupted run's final parameter hash."""
     out = tmp_path_factory.mktemp("reference") / "runs"
-    run = submit(slurm_lab, out, *COMMON)
-    assert wait_for_job(job_id(run), slurm_lab, timeout=300) == "COMPLETED"
+    run = submit_run(slurm_lab, out, *COMMON)
+    assert wait_for_job(run_job_id(run), slurm_lab, timeout=300) == "COMPLETED"
     return final_hash(run)
 
 
 def test_preempted_twice_resumes_bit_exact(slurm_env: dict[str, str], tmp_path: Path, reference: str) -> None:
-    run = submit(slurm_env, tmp_path / "runs", *COMMON)
+    run = submit_run(slurm_env, tmp_path / "runs", *COMMON)
     for threshold in (200, 600):
         wait_until(f"step {threshold}", lambda t=threshold: progress_step(run) >= t)
-        preempt(slurm_env, tmp_path)
+        preempt_with_high_job(slurm_env, tmp_path)
         count = len(ends(run))
         wait_until("the preempted attempt to end", lambda c=count: len(ends(run)) > c)
-    assert wait_for_job(job_id(run), slurm_env, timeout=300) == "COMPLETED"
+    assert wait_for_job(run_job_id(run), slurm_env, timeout=300) == "COMPLETED"
     records = ends(run)
     assert [r["reason"] for r in records] == ["preemption", "preemption", "completed"]
     assert final_hash(run) == reference
@@ -147,8 +114,8 @@ def test_time_limit_requeues_and_resumes_bit_exact(
     # after their ~13 s startup, one step each (the run completed on its 20th attempt, after 602 s):
     # no budget on timeouts here, and time for such a streak.
     overrides = ("resources.time=1", "requeue.signal_lead_s=30", "requeue.max_timeouts=-1")
-    run = submit(slurm_env, tmp_path / "runs", *COMMON, *overrides)
-    assert wait_for_job(job_id(run), slurm_env, timeout=1500) == "COMPLETED"
+    run = submit_run(slurm_env, tmp_path / "runs", *COMMON, *overrides)
+    assert wait_for_job(run_job_id(run), slurm_env, timeout=1500) == "COMPLETED"
     # With 4 test workers on 2 cores, one attempt of 14 (its ranks still starting, 20 s after the
     # allocation began) ended with srun's status 140, 128 + SIGUSR2: the time-limit signal itself
     # ended the step before any rank recorded the stop, and it counted as a failure. The run went
@@ -171,10 +138,10 @@ def test_a_killed_rank_restarts_inside_the_allocation_then_through_the_queue(
     both restarted in the allocation, "restart 1 of 1" each time), then a third time as the next
     attempt starts, before it gained a step: the restart is used up, and the job goes through the
     queue. The steps are chosen anew each run."""
-    run = submit(
+    run = submit_run(
         slurm_env, tmp_path / "runs", *COMMON, "checkpoint.every_steps=150", "requeue.in_job_restarts=1"
     )
-    job = job_id(run)
+    job = run_job_id(run)
     chooser = random.Random()
     first_at, second_at = chooser.randrange(200, 450), chooser.randrange(550, 800)
     print(f"killing rank 3 at steps {first_at} and {second_at}, then as the third attempt starts")
@@ -231,10 +198,10 @@ def test_a_node_lost_under_the_job_is_swapped_for_its_spare_inside_the_allocatio
     """resources.spare_nodes=1 on 2 nodes: the second node's ranks are killed and the node drained
     at a moment chosen anew each run; the run goes on, as a new step, on the first node and the
     spare, with the uninterrupted run's parameters."""
-    run = submit(
+    run = submit_run(
         slurm_env, tmp_path / "runs", *COMMON, "checkpoint.every_steps=150", "resources.spare_nodes=1"
     )
-    job = job_id(run)
+    job = run_job_id(run)
     wait_until("the first attempt", lambda: bool(attempts(run)))
     first_nodes = hostlist.expand(attempts(run)[0]["nodes"])
     assert len(first_nodes) == 2, first_nodes
@@ -276,7 +243,7 @@ def sacct(env: dict[str, str], job: str, *options: str) -> list[tuple[str, str]]
 
 def test_kill_during_checkpoint_save_falls_back(slurm_env: dict[str, str], tmp_path: Path) -> None:
     # A wide model (~270 MB of state) so that a save takes long enough to be caught in the act.
-    run = submit(
+    run = submit_run(
         slurm_env,
         tmp_path / "runs",
         "train.steps=40",
@@ -292,7 +259,7 @@ def test_kill_during_checkpoint_save_falls_back(slurm_env: dict[str, str], tmp_p
 
     wait_until("the second save to start", saving_second, timeout=300)
     os.kill(rank_pid(run, 0), signal.SIGKILL)
-    assert wait_for_job(job_id(run), slurm_env, timeout=400) == "COMPLETED"
+    assert wait_for_job(run_job_id(run), slurm_env, timeout=400) == "COMPLETED"
     log = "".join(p.read_text() for p in (run / "logs").glob("*_0_log.out"))
     assert "resumed from" in log and "step-00000010 at step 10" in log, log[-2000:]
 
@@ -311,8 +278,8 @@ def test_crash_at_the_same_step_stops(slurm_env: dict[str, str], tmp_path: Path)
     exp.write_text(
         "entrypoint: crash.py:main\nresources:\n  tasks_per_node: 2\ncheckpoint:\n  every_steps: 10\n"
     )
-    run = submit(slurm_env, tmp_path / "runs", "requeue.max_failures=5", experiment=exp)
-    assert wait_for_job(job_id(run), slurm_env, timeout=300) == "FAILED"
+    run = submit_run(slurm_env, tmp_path / "runs", "requeue.max_failures=5", experiment=exp)
+    assert wait_for_job(run_job_id(run), slurm_env, timeout=300) == "FAILED"
     records = ends(run)
     assert [(r["reason"], r["step"]) for r in records] == [("failure", 30), ("failure", 30)]
     assert "crashed at step 30 twice" in records[-1]["message"]
@@ -339,12 +306,12 @@ def test_interrupt_command_sends_what_slurm_would(slurm_env: dict[str, str], tmp
     exp.write_text(
         "entrypoint: crawl.py:main\nresources: {nodes: 1, tasks_per_node: 2}\ntrain: {steps: 400}\n"
     )
-    run = submit(slurm_env, tmp_path / "runs", experiment=exp)
+    run = submit_run(slurm_env, tmp_path / "runs", experiment=exp)
     wait_until("step 50", lambda: progress_step(run) >= 50)
-    proc = slurmddp(slurm_env, tmp_path, "interrupt", job_id(run), "--preempt", timeout=60)
+    proc = slurmddp(slurm_env, tmp_path, "interrupt", run_job_id(run), "--preempt", timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert "sent SIGUSR2" in proc.stdout and "as a preemption" in proc.stdout
-    assert wait_for_job(job_id(run), slurm_env, timeout=300) == "COMPLETED"
+    assert wait_for_job(run_job_id(run), slurm_env, timeout=300) == "COMPLETED"
     assert [r["reason"] for r in ends(run)] == ["preemption", "completed"]
     assert_no_step_lost(run)
     proc = slurmddp(slurm_env, tmp_path, "interrupt", str(run), "--timeout", timeout=60)
@@ -354,7 +321,7 @@ def test_interrupt_command_sends_what_slurm_would(slurm_env: dict[str, str], tmp
 def test_torchrun_script_is_stopped_requeued_and_resumes_from_its_snapshot(
     slurm_env: dict[str, str], tmp_path: Path
 ) -> None:
-    run = submit(
+    run = submit_run(
         slurm_env,
         tmp_path / "runs",
         "resources.nodes=1",
@@ -364,7 +331,7 @@ def test_torchrun_script_is_stopped_requeued_and_resumes_from_its_snapshot(
     wait_until("a snapshot", lambda: (run / "snapshot.pt").exists())
     proc = slurmddp(slurm_env, tmp_path, "interrupt", str(run), "--preempt", timeout=60)
     assert proc.returncode == 0, proc.stderr
-    assert wait_for_job(job_id(run), slurm_env, timeout=300) == "COMPLETED"
+    assert wait_for_job(run_job_id(run), slurm_env, timeout=300) == "COMPLETED"
     assert [r["reason"] for r in ends(run)] == ["preemption", "completed"]
     log = "".join(p.read_text() for p in (run / "logs").glob("*_0_log.out"))
     resumed = int(log.split("resumed from snapshot at step ")[1].split()[0])

@@ -43,6 +43,8 @@ SLURMD_PORT=$((PORT_BASE + 28))
 DBD_PORT=$((PORT_BASE + 29))
 # The machine's MariaDB server (see above); everything else comes from the root.
 PACKAGES=(mariadb-server)
+# runc is the root's (TRIXIE_PACKAGES), not the machine's.
+LAB_BINARIES=(slurmctld slurmd sinfo sacct munged slurmdbd mariadbd mariadb-install-db)
 ROOT=${SLURMDDP_LAB_ROOT:-/var/cache/slurmddp-lab/trixie-root}
 export SLURMDDP_LAB_ROOT=$ROOT
 # The Slurm release this lab is for: a root whose slurmctld says otherwise (the mirror moved on) is
@@ -53,7 +55,9 @@ TRIXIE_PACKAGES=(slurmctld slurmd slurm-client munge slurmdbd
   libffi8 libbz2-1.0 liblzma5 zlib1g libssl3t64 libsqlite3-0 libreadline8t64 libncursesw6 libuuid1
   libcrypt1 libexpat1
   # what jobs call besides Python (provenance records `git`; ps for debugging)
-  git procps)
+  git procps
+  # the OCI runtime slurmstepd runs for srun --container (oci.conf)
+  runc)
 # mmdebstrap options besides the packages: no docs, man pages or translations.
 TRIXIE_OPTS=(--dpkgopt='path-exclude=/usr/share/doc/*' --dpkgopt='path-exclude=/usr/share/man/*'
   --dpkgopt='path-exclude=/usr/share/locale/*')

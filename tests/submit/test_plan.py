@@ -14,7 +14,7 @@ from conftest import QUICKSTART, ROOT
 from train_sources import write_main
 
 from slurmddp.cli.dryrun import rank_env
-from slurmddp.defaults import RunExecutor
+from slurmddp.defaults import TASK_IDS_FROM_HOST_ENV, RunExecutor
 from slurmddp.errors import ConfigError
 from slurmddp.experiment.load import load_experiment
 from slurmddp.experiment.schema import Telemetry, Trackers
@@ -248,3 +248,35 @@ def test_a_container_is_refused_for_the_local_executor(tmp_path: Path) -> None:
     plan = make_plan(QUICKSTART, ["container.image=nvcr.io#x:1"], tmp_path / "run")
     assert plan.container == "pyxis" and "--container-image=nvcr.io#x:1" in plan.parameters["srun_args"]
     assert plan.python.startswith("python3 -u -m slurmddp.job.launch.boot")
+
+
+def test_an_oci_bundle_on_slurm_22_05_takes_one_rank_per_node(tmp_path: Path) -> None:
+    bundle = tmp_path / "bundle"
+    (bundle / "rootfs").mkdir(parents=True)
+    run_dir = tmp_path / "run"
+    mounts = [{"destination": str(p), "source": str(p), "type": "bind"} for p in (run_dir, ROOT)]
+    (bundle / "config.json").write_text(json.dumps({"mounts": mounts}))
+
+    def plan(version: tuple[int, int, int], *overrides: str) -> SubmissionPlan:
+        loaded = load_experiment(QUICKSTART, [f"container.image={bundle}", *overrides])
+        return build(
+            loaded,
+            executor="slurm",
+            workdir=ROOT,
+            run_dir=run_dir,
+            interpreter="python3",
+            slurm_version=version,
+        )
+
+    with pytest.raises(ConfigError, match=r"Slurm 22\.05\.8 runs one task per node in an OCI bundle"):
+        plan((22, 5, 8))
+    one = plan((22, 5, 8), "resources.tasks_per_node=1")
+    assert one.container == "oci" and f"--container={bundle}" in one.parameters["srun_args"]
+    assert (
+        f"--export=ALL,SLURMDDP_SUBMITTED_WITH=0.1.0,{TASK_IDS_FROM_HOST_ENV}=1"
+        in one.parameters["srun_args"]
+    )
+    newer = plan((24, 11, 5))
+    assert newer.container == "oci" and not any(
+        TASK_IDS_FROM_HOST_ENV in a for a in newer.parameters["srun_args"]
+    )

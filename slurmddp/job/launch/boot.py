@@ -12,17 +12,28 @@ from __future__ import annotations
 import importlib.util
 import os
 import runpy
+import socket
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
-from slurmddp.defaults import ALWAYS_STOP_ON, STOP_SIGNAL, STOP_SIGNALS_ENV, SUBMITTED_WITH_ENV, VERSION
+from slurmddp.cluster import hostlist
+from slurmddp.defaults import (
+    ALWAYS_STOP_ON,
+    STOP_SIGNAL,
+    STOP_SIGNALS_ENV,
+    SUBMITTED_WITH_ENV,
+    TASK_IDS_FROM_HOST_ENV,
+    VERSION,
+)
 from slurmddp.errors import UntrustedPickle
 from slurmddp.job.launch import trust
 from slurmddp.job.process import signals
 
 
 def main(argv: list[str]) -> None:
+    os.environ.update(container_task_ids(os.environ, socket.gethostname()))
     stop_signals = tuple(os.environ.get(STOP_SIGNALS_ENV, f"{STOP_SIGNAL},{ALWAYS_STOP_ON}").split(","))
     signals.install(stop_signals)
     # submitit sets its logger's level from this when it is first imported (by the runner below);
@@ -52,6 +63,22 @@ def main(argv: list[str]) -> None:
         # default is to terminate: a time-limit signal in those last milliseconds made srun report
         # a finished rank as killed by signal 12 (seen on the lab, Slurm 22.05.8).
         signals.ignore(stop_signals)
+
+
+def container_task_ids(env: Mapping[str, str], hostname: str) -> dict[str, str]:
+    """The task's own Slurm variables where its container was handed the wrong ones: on Slurm
+    22.05 an OCI container gets srun's environment, not the task's (SLURM_PROCID=0 of the batch
+    script, or none), and runs one task per node (the submit side set TASK_IDS_FROM_HOST_ENV).
+    Its node, and so its rank, is its host's place in the step's node list: the container shares
+    the node's hostname."""
+    if env.get(TASK_IDS_FROM_HOST_ENV) != "1" or "SLURM_STEP_NODELIST" not in env:
+        return {}
+    nodes = hostlist.expand(env["SLURM_STEP_NODELIST"])
+    short = hostname.split(".", 1)[0]
+    if short not in nodes:
+        return {}
+    node = str(nodes.index(short))
+    return {"SLURM_PROCID": node, "SLURM_NODEID": node, "SLURM_LOCALID": "0"}
 
 
 IMAGE_NEEDS = ("torch", "submitit")

@@ -1,0 +1,168 @@
+"""Ranks in a container for real: the lab's OCI bundle (tests/slurm_lab/bundle: a Debian root with
+python3, torch and this project) run by Slurm's own OCI support (`srun --container`, runc, the
+oci.conf tests/slurm_lab/up writes), on both Slurm generations. The quickstart, submitted with
+`container.image=BUNDLE`, is preempted by a real `high` job and ends with the parameters of the same
+run uninterrupted; a rank killed inside the container is restarted in the allocation. `doctor`
+names the runtimes the lab has (OCI) and has not (pyxis, Apptainer), and a `.sif` is refused.
+
+Slurm 22.05 runs one task per node in a bundle (plan.OCI_TASKS_PER_NODE_UNTIL), so there the
+quickstart runs 2 nodes x 1 rank; 24.11 runs it as shipped, 2 x 2. On 22.05 the container gets
+srun's environment with the PATH of the submitting shell, so the interpreter is named by its path
+inside the image."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import (
+    QUICKSTART,
+    ROOT,
+    parent_pid,
+    preempt_with_high_job,
+    rank_pids,
+    run_job_id,
+    submit_run,
+    wait_for_job,
+    wait_until,
+)
+from quickstart_runs import result
+
+from slurmddp.errors import EXIT_USER_ERROR
+
+pytestmark = pytest.mark.slurm
+
+BUNDLE_SCRIPT = ROOT / "tests" / "slurm_lab" / "bundle"
+
+
+@pytest.fixture(scope="module")
+def bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    where = tmp_path_factory.mktemp("oci") / "bundle"
+    built = subprocess.run([str(BUNDLE_SCRIPT), str(where)], capture_output=True, text=True, timeout=900)
+    if built.returncode == 77:
+        pytest.skip(built.stderr.strip().splitlines()[-1])
+    assert built.returncode == 0, built.stderr[-3000:]
+    return where
+
+
+def settings(bundle: Path, generation: str) -> tuple[str, ...]:
+    shape = ("resources.tasks_per_node=1",) if generation == "22.05" else ()
+    return (
+        f"container.image={bundle}",
+        "container.python=/opt/venv/bin/python",
+        "train.epochs=30",
+        "train.record_samples=true",
+        "checkpoint.every_steps=100",
+        *shape,
+    )
+
+
+def submit(env: dict[str, str], out: Path, *overrides: str) -> Path:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    return submit_run(env, out, *overrides, experiment=QUICKSTART)
+
+
+def ends(run: Path) -> list[dict[str, Any]]:
+    lines = (run / "attempts.jsonl").read_text().splitlines() if (run / "attempts.jsonl").exists() else []
+    return [record for line in lines if (record := json.loads(line))["event"] == "end"]
+
+
+def progress_step(run: Path) -> int:
+    try:
+        return int(json.loads((run / "progress.json").read_text())["step"])
+    except (OSError, ValueError, KeyError):
+        return -1
+
+
+def param_hash(run: Path) -> str:
+    return str(result(run)["ranks"][0]["param_sha256"])
+
+
+@pytest.fixture(scope="module")
+def reference(
+    slurm_lab: dict[str, str], slurm_generation: str, bundle: Path, tmp_path_factory: pytest.TempPathFactory
+) -> str:
+    run = submit(
+        slurm_lab, tmp_path_factory.mktemp("reference") / "runs", *settings(bundle, slurm_generation)
+    )
+    assert wait_for_job(run_job_id(run), slurm_lab, timeout=300) == "COMPLETED"
+    log = "".join(path.read_text() for path in (run / "logs").glob("*_0_log.*"))
+    assert "/opt/venv/bin/python" in (run / "logs" / f"{run_job_id(run)}_submission.sh").read_text()
+    assert "--container=" in (run / "logs" / f"{run_job_id(run)}_submission.sh").read_text(), log
+    return param_hash(run)
+
+
+def test_the_quickstart_in_a_bundle_is_preempted_and_ends_as_if_never_stopped(
+    slurm_env: dict[str, str], slurm_generation: str, bundle: Path, reference: str, tmp_path: Path
+) -> None:
+    run = submit(slurm_env, tmp_path / "runs", *settings(bundle, slurm_generation))
+    wait_until("step 150", lambda: progress_step(run) >= 150, timeout=240)
+    preempt_with_high_job(slurm_env, tmp_path)
+    assert wait_for_job(run_job_id(run), slurm_env, timeout=300) == "COMPLETED"
+    assert [end["reason"] for end in ends(run)] == ["preemption", "completed"], ends(run)
+    assert param_hash(run) == reference
+
+
+def test_a_rank_killed_inside_the_container_restarts_in_the_allocation(
+    slurm_env: dict[str, str], slurm_generation: str, bundle: Path, reference: str, tmp_path: Path
+) -> None:
+    run = submit(
+        slurm_env, tmp_path / "runs", *settings(bundle, slurm_generation), "requeue.in_job_restarts=1"
+    )
+    wait_until("step 150", lambda: progress_step(run) >= 150, timeout=240)
+    # Any rank: on 22.05 every container starts with srun's SLURM_PROCID=0, so /proc cannot tell
+    # which rank a process is (it works its own out at start).
+    pids = rank_pids(run)
+    ranks = [pid for pid in pids if parent_pid(pid) not in pids]
+    assert len(ranks) == (2 if slurm_generation == "22.05" else 4), ranks
+    killed_at = time.time()
+    os.kill(max(ranks), signal.SIGKILL)
+    assert wait_for_job(run_job_id(run), slurm_env, timeout=300) == "COMPLETED"
+    failed, completed = ends(run)
+    assert failed["reason"] == "failure" and failed.get("in_job") is True, failed
+    assert failed["time"] - killed_at < 30, "the surviving ranks hung"
+    assert completed["reason"] == "completed"
+    assert param_hash(run) == reference
+
+
+def test_doctor_names_the_runtimes_and_submit_refuses_a_missing_one(
+    slurm_env: dict[str, str], bundle: Path, tmp_path: Path
+) -> None:
+    doctor = subprocess.run(
+        [sys.executable, "-m", "slurmddp", "doctor"],
+        env=slurm_env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    rows = {line.split()[2]: line.split()[3] for line in doctor.stdout.splitlines() if "container:" in line}
+    assert rows == {"pyxis": "absent", "apptainer": "absent", "oci": "offered"}, doctor.stdout
+    image = tmp_path / "torch.sif"
+    image.write_bytes(b"SIF")
+    out = tmp_path / "runs"
+    refused = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "slurmddp",
+            "submit",
+            str(QUICKSTART),
+            f"container.image={image}",
+            f"output_dir={out}",
+        ],
+        env=slurm_env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert refused.returncode == EXIT_USER_ERROR, refused.stdout + refused.stderr
+    assert "container.runtime: apptainer is not offered here" in refused.stderr, refused.stderr
+    assert "this cluster offers oci" in refused.stderr and not list(out.glob("*/*")), refused.stderr
