@@ -3,14 +3,15 @@ and for Slurm's own OCI support, or the command in front of the rank's interpret
 
 Only the ranks run inside; the batch script's own Python (attempts, the step watch) runs on the
 node. Every path a rank reads or writes by name is mounted at the same path inside, so that the
-pickled job, its run directory and the user's files are where the batch script put them: the
-output directory (run directories and checkpoints), the directory submitted from, and the user's
-own mounts.
+pickled job, its run directory and the user's files are where the batch script put them: the run
+directory (its checkpoints included), a checkpoint.dir outside it, the directory submitted from,
+and the user's own mounts.
 
 pyxis's options are those of its srun --help (NVIDIA/pyxis wiki, "Usage"): --container-image,
---container-mounts=SRC:DST[:FLAGS][,...] (flags joined by "+"), --container-workdir. Apptainer's
-are `apptainer exec` 's: --nv, --bind SRC[:DST[:OPTS]][,...], --pwd. Slurm's OCI support takes
-only --container=BUNDLE: the bundle's config.json holds its mounts, checked here instead.
+--container-name, --container-mounts=SRC:DST[:FLAGS][,...] (flags joined by "+"),
+--container-workdir. Apptainer's are those of `apptainer exec`: --nv, --bind SRC[:DST[:OPTS]],
+--pwd. Slurm's OCI support takes only --container=BUNDLE: the bundle's config.json holds its
+mounts, checked here instead.
 """
 
 from __future__ import annotations
