@@ -154,7 +154,7 @@ def check_bundle(bundle: Path, binds: Sequence[Mount]) -> None:
         spec = json.loads(config.read_text())
     except (OSError, ValueError) as exc:
         raise ConfigError(f"container.image: cannot read the OCI bundle's {config}: {exc}") from None
-    # A bind of a folder at its own path covers everything under it (/tmp covers /tmp/runs/x).
+    # A bind of a folder at its own path covers everything under it (/shared covers /shared/runs/x).
     present = [
         PurePosixPath(str(entry.get("destination")))
         for entry in spec.get("mounts", [])
