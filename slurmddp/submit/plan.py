@@ -7,7 +7,7 @@ Pure apart from reading the entrypoint's source (never running it). `dryrun` pri
 from __future__ import annotations
 
 import shlex
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -66,8 +66,9 @@ class SubmissionPlan:
     """The Slurm release the batch script was written for (`sbatch --version`; None: unknown)."""
     warnings: tuple[str, ...] = field(default=())
     """What will make the run slow or fail here, said on stderr before it starts."""
-    container: Runtime | None = None
-    """The runtime the ranks start in (the experiment's `container:`); None: on the nodes themselves."""
+    containers: tuple[Runtime, ...] = ()
+    """The runtimes the ranks start in (the experiment's `container:`, each sweep element's own);
+    none: on the nodes themselves."""
 
     def batch_script(self) -> str:
         """The batch script submitit writes for this plan, byte for byte (Slurm plans)."""
@@ -104,11 +105,14 @@ def build(
     if elements:
         _check_shared(ranks)
     folder = run_dir / LOGS
-    started = container_launch(
-        _one_container(loaded, elements), executor, ranks, run_dir, workdir, slurm_version
-    )
+    launches = [
+        container_launch(element.experiment, executor, ranks, run_dir, workdir, slurm_version)
+        for element, _ in (elements or ((loaded, run_dir),))
+    ]
+    table = container_table(launches, interpreter) if len(set(launches)) > 1 else ()
+    started = None if table else launches[0]
     if executor == "slurm":
-        parameters = slurm_parameters(exp, run_dir, interpreter, submission, slurm_version)
+        parameters = slurm_parameters(exp, run_dir, interpreter, submission, slurm_version, table)
         if started is not None:
             parameters["srun_args"] = [*parameters["srun_args"], *started.srun_args]
         if elements:
@@ -123,7 +127,7 @@ def build(
         job_name=exp.name,
         run_dir=run_dir,
         folder=folder,
-        python=f"{started.interpreter if started else interpreter} -u -m {BOOT_MODULE}",
+        python=f"{_runner(started, table, interpreter)} -u -m {BOOT_MODULE}",
         parameters=parameters,
         rank=ranks[0],
         world_size=exp.resources.world_size,
@@ -131,7 +135,7 @@ def build(
         array=ranks if elements else (),
         slurm_version=slurm_version if executor == "slurm" else None,
         warnings=local_warnings(exp, machine.cores) if executor == "local" else (),
-        container=started.runtime if started else None,
+        containers=tuple(sorted({launch.runtime for launch in launches if launch is not None})),
     )
 
 
@@ -211,19 +215,35 @@ def container_launch(
     )
 
 
-def _one_container(loaded: Loaded, elements: tuple[tuple[Loaded, Path], ...]) -> Experiment:
-    """The experiment whose container every rank starts in: one array job starts its elements
-    alike, so a sweep's elements must agree on it."""
-    exp = elements[0][0].experiment if elements else loaded.experiment
-    different = [
-        str(i) for i, (element, _) in enumerate(elements) if element.experiment.container != exp.container
+CONTAINER_ARRAY = "slurmddp_container"
+"""The batch script's array holding, for a sweep whose elements start in different containers,
+the array task's srun options and interpreter (`container_table`)."""
+
+
+def container_table(launches: Sequence[container.Launch | None], interpreter: str) -> tuple[str, ...]:
+    """For a sweep whose elements start in different containers (or some in none): one array job
+    runs them all with one srun line, so each array task picks its own srun options and
+    interpreter from this table. srun takes options up to the first word that is not one, so both
+    go where the interpreter stands: `srun ... "${slurmddp_container[@]}" -u -m BOOT ...`."""
+    rows = [
+        shlex.join((*launch.srun_args, *shlex.split(launch.interpreter)))
+        if launch is not None
+        else interpreter
+        for launch in launches
     ]
-    if different:
-        raise ConfigError(
-            f"container: sweep elements {', '.join(different)} run in another container than element "
-            "0; one array job starts every element alike: submit each container as a sweep of its own"
-        )
-    return exp
+    return (
+        'case "$SLURM_ARRAY_TASK_ID" in',
+        *(f"  {index}) {CONTAINER_ARRAY}=({row}) ;;" for index, row in enumerate(rows)),
+        "esac",
+    )
+
+
+def _runner(started: container.Launch | None, table: Sequence[str], interpreter: str) -> str:
+    """What stands in the interpreter's place on the srun line: the `container_table` array where
+    the elements' containers differ, else the one container's interpreter, else `interpreter`."""
+    if table:
+        return f'"${{{CONTAINER_ARRAY}[@]}}"'
+    return started.interpreter if started is not None else interpreter
 
 
 def _check_shared(ranks: tuple[RankSpec, ...]) -> None:
@@ -275,7 +295,10 @@ def slurm_parameters(
     interpreter: str,
     submission: int | None = None,
     slurm_version: Version | None = None,
+    containers: Sequence[str] = (),
 ) -> dict[str, Any]:
+    """submitit's executor parameters; `containers`: the lines that pick each sweep element's
+    container (`container_table`)."""
     res = exp.resources
     submission_args = "" if submission is None else f" --submission {submission}"
     params: dict[str, Any] = {
@@ -297,6 +320,7 @@ def slurm_parameters(
             run_dir=run_dir,
             user_setup=res.setup,
             submission_args=submission_args,
+            containers=containers,
         ).splitlines(),
         "teardown": render_template(
             "teardown.sh.j2", python=interpreter, run_dir=run_dir, submission_args=submission_args

@@ -60,8 +60,10 @@ def check_schedulable(plan: SubmissionPlan) -> None:
     --test-only` refuses it in ~10 ms and says why. Ranks in a container need its runtime on the
     cluster first (cluster/runtimes.py).
     """
-    if plan.container is not None:
-        runtimes.offered(runtimes.srun_help, slurm.parse_config(slurm.show_config())).require(plan.container)
+    if plan.containers:
+        offered = runtimes.offered(runtimes.srun_help, slurm.parse_config(slurm.show_config()))
+        for runtime in plan.containers:
+            offered.require(runtime)
     said = slurm.test_only(plan.batch_script())
     if said is not None:
         raise SubmitError(f"sbatch refused the job; nothing was submitted. sbatch said:\n{said}{_hint(said)}")

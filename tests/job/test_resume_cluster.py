@@ -86,6 +86,10 @@ def test_preempted_twice_resumes_bit_exact(slurm_env: dict[str, str], tmp_path: 
     assert [r["reason"] for r in records] == ["preemption", "preemption", "completed"]
     assert final_hash(run) == reference
     assert_no_step_lost(run)
+    # The batch script's own stderr shares rank 0's: it must hold no shell job report (the step
+    # watch it ends after each srun step once made bash print "Killed" there).
+    batch_err = "".join(p.read_text() for p in (run / "logs").glob("*_0_log.err"))
+    assert "Killed" not in batch_err, batch_err[-2000:]
 
 
 def assert_no_step_lost(run: Path, unsaved: list[dict[str, Any]] | None = None) -> None:

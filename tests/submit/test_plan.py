@@ -246,7 +246,7 @@ def test_a_container_is_refused_for_the_local_executor(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"container\.image: nvcr\.io#x:1 is for Slurm's nodes"):
         make_plan(QUICKSTART, ["container.image=nvcr.io#x:1"], tmp_path / "run", executor="local")
     plan = make_plan(QUICKSTART, ["container.image=nvcr.io#x:1"], tmp_path / "run")
-    assert plan.container == "pyxis" and "--container-image=nvcr.io#x:1" in plan.parameters["srun_args"]
+    assert plan.containers == ("pyxis",) and "--container-image=nvcr.io#x:1" in plan.parameters["srun_args"]
     assert plan.python.startswith("python3 -u -m slurmddp.job.launch.boot")
 
 
@@ -271,12 +271,12 @@ def test_an_oci_bundle_on_slurm_22_05_takes_one_rank_per_node(tmp_path: Path) ->
     with pytest.raises(ConfigError, match=r"Slurm 22\.05\.8 runs one task per node in an OCI bundle"):
         plan((22, 5, 8))
     one = plan((22, 5, 8), "resources.tasks_per_node=1")
-    assert one.container == "oci" and f"--container={bundle}" in one.parameters["srun_args"]
+    assert one.containers == ("oci",) and f"--container={bundle}" in one.parameters["srun_args"]
     assert (
         f"--export=ALL,SLURMDDP_SUBMITTED_WITH=0.1.0,{TASK_IDS_FROM_HOST_ENV}=1"
         in one.parameters["srun_args"]
     )
     newer = plan((24, 11, 5))
-    assert newer.container == "oci" and not any(
+    assert newer.containers == ("oci",) and not any(
         TASK_IDS_FROM_HOST_ENV in a for a in newer.parameters["srun_args"]
     )

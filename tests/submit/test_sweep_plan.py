@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 from conftest import ROOT, write_sweep
 
 from slurmddp.cli.main import main
+from slurmddp.defaults import VERSION
 from slurmddp.errors import ConfigError, SubmitError
 from slurmddp.experiment.load import expand, load_experiment
 from slurmddp.rundir import records
@@ -92,14 +94,45 @@ def test_dryrun_of_a_sweep_lists_its_elements(tmp_path: Path, capsys: pytest.Cap
     assert not tmp_path.joinpath("sweep").exists()
 
 
-def test_a_sweep_over_containers_is_refused_and_one_container_reaches_every_element(tmp_path: Path) -> None:
-    varied = write_sweep(
-        tmp_path, "{list: [{container.image: 'nvcr.io#a:1'}, {container.image: 'nvcr.io#b:2'}]}"
-    )
-    with pytest.raises(ConfigError, match="container: sweep elements 1 run in another container"):
-        sweep_plan(tmp_path, varied)
+def test_one_container_shared_by_every_element_is_on_the_srun_line_itself(tmp_path: Path) -> None:
     shared = write_sweep(
         tmp_path, "{grid: {lr: [0.1, 0.2]}}", extra="container: {image: 'nvcr.io#nvidia/pytorch:24.10-py3'}\n"
     )
-    script = sweep_plan(tmp_path, shared).batch_script()
-    assert "'--container-image=nvcr.io#nvidia/pytorch:24.10-py3'" in script
+    plan = sweep_plan(tmp_path, shared)
+    assert "'--container-image=nvcr.io#nvidia/pytorch:24.10-py3'" in plan.batch_script()
+    assert "slurmddp_container" not in plan.batch_script() and plan.containers == ("pyxis",)
+
+
+def test_each_element_starts_in_its_own_container(tmp_path: Path) -> None:
+    """Elements in different containers (one in none): each array task runs srun with its own
+    options and interpreter, which the batch script picks by SLURM_ARRAY_TASK_ID."""
+    sif = tmp_path / "torch.sif"
+    sif.write_bytes(b"SIF")
+    varied = write_sweep(
+        tmp_path,
+        f"{{list: [{{container.image: 'nvcr.io#a:1'}}, {{container.image: '{sif}', container.python: "
+        "python3}, {container.image: null}]}",
+    )
+    plan = sweep_plan(tmp_path, varied)
+    assert plan.containers == ("apptainer", "pyxis")
+    script = plan.batch_script()
+    (srun,) = [line for line in script.splitlines() if line.startswith("srun ")]
+    assert '--overlap "${slurmddp_container[@]}" -u -m slurmddp.job.launch.boot -u -m' in srun, srun
+    # What each array task would hand srun: the table run by bash, as the batch script runs it.
+    table = "\n".join(line for line in script.splitlines() if line.startswith(("case ", "  ", "esac")))
+    words = {
+        task: subprocess.run(
+            ["bash", "-c", f'{table}\nprintf "%s\\n" "${{slurmddp_container[@]}}"'],
+            env={"SLURM_ARRAY_TASK_ID": str(task), "PATH": "/usr/bin:/bin"},
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.splitlines()
+        for task in range(3)
+    }
+    assert words[0][0] == "--container-image=nvcr.io#a:1" and words[0][-2].startswith("--export=ALL,")
+    assert words[0][-1] == "python3" and not any(str(sif) in word for word in words[0])
+    assert words[1][0] == f"--export=ALL,SLURMDDP_SUBMITTED_WITH={VERSION}" and words[1][2] == "exec"
+    assert words[1][-2:] == [str(sif), "python3"] and f"{tmp_path}:{tmp_path}" in words[1]
+    assert words[2] == [sys.executable]
+    assert subprocess.run(["bash", "-n"], input=script, text=True).returncode == 0

@@ -44,7 +44,7 @@ from slurmddp.job.allocation.outcome import (
 )
 from slurmddp.job.allocation.requeue import Decision, decide, decide_local
 from slurmddp.rundir import records, watchkey
-from slurmddp.rundir.layout import STEP_HOSTS
+from slurmddp.rundir.layout import LOGS, STEP_HOSTS
 from slurmddp.rundir.records import CANCELLED, AttemptEvent, AttemptId, Begin, End, Exclusions
 
 
@@ -152,10 +152,12 @@ def end(
     time_left: TimeLeft = slurm.time_left,
     partition_nodes: PartitionNodes = slurm.partition_nodes,
     failed_nodes: FailedNodes = slurm.failed_nodes,
+    logs: Path | None = None,
 ) -> int:
     """Record how this attempt ended and requeue it if it goes around again. Rank 0 calls this
     right after a stop; the batch script calls it after srun, and then only repeats the requeue
-    if rank 0 already recorded one (the job being still alive means that requeue failed)."""
+    if rank 0 already recorded one (the job being still alive means that requeue failed). `logs`:
+    submitit's folder of the ranks' logs."""
     events = records.read_attempts(run_dir)
     final = records.final_end(events)
     if final is not None and final.reason == CANCELLED:
@@ -170,7 +172,7 @@ def end(
         decision = Decision(last.reason, last.step, last.requeue, last.message, in_job=last.in_job)
     else:
         decision = decide(
-            run_dir, status, env, settings, preempt_time, time_left, partition_nodes, failed_nodes
+            run_dir, status, env, settings, preempt_time, time_left, partition_nodes, failed_nodes, logs
         )
         _record_end(run_dir, events, me, status, decision, now)
         print(f"slurmddp: attempt ended: {decision.message}", file=sys.stderr)
@@ -250,14 +252,16 @@ def end_local(run_dir: Path, attempt: AttemptId, status: int, now: float) -> End
 
 def main(argv: list[str]) -> int:
     # A sweep's batch script names the sweep directory and its submission; the array task picks
-    # the element it runs from the sweep manifest.
+    # the element it runs from the sweep manifest. The logs folder is the named directory's either
+    # way (plan.build).
+    logs = Path(argv[1]) / LOGS if len(argv) > 1 else None
     if len(argv) in (4, 5) and argv[-2] == "--submission":
         run_dir = records.element_dir(Path(argv[1]), int(argv[-1]), os.environ)
         argv = [argv[0], str(run_dir), *argv[2:-2]]
     if len(argv) == 2 and argv[0] == "begin":
         return begin(Path(argv[1]), os.environ, time.time())
     if len(argv) == 3 and argv[0] == "end":
-        return end(Path(argv[1]), int(argv[2]), os.environ, time.time(), slurm.preempt_time)
+        return end(Path(argv[1]), int(argv[2]), os.environ, time.time(), slurm.preempt_time, logs=logs)
     print(
         "usage: python -m slurmddp.job.allocation.attempts begin RUN_DIR | end RUN_DIR STATUS "
         "(each optionally followed by --submission N for a sweep)",

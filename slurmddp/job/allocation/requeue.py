@@ -29,6 +29,7 @@ from pathlib import Path
 
 from slurmddp.cluster import slurm
 from slurmddp.defaults import EndReason
+from slurmddp.job.allocation import unstarted
 from slurmddp.job.allocation.outcome import (
     FailedNodes,
     Local,
@@ -44,7 +45,7 @@ from slurmddp.job.allocation.outcome import (
     repeats,
     stop_signal_death,
 )
-from slurmddp.rundir import records
+from slurmddp.rundir import ranklogs, records
 from slurmddp.rundir.records import AttemptId, Failure, Stop
 
 
@@ -248,8 +249,10 @@ def decide(
     time_left: TimeLeft = slurm.time_left,
     partition_nodes: PartitionNodes = slurm.partition_nodes,
     failed_nodes: FailedNodes = slurm.failed_nodes,
+    logs: Path | None = None,
 ) -> Decision:
-    """How this attempt of a Slurm job ended and whether the job goes around again (`RULES`).
+    """How this attempt of a Slurm job ended and whether the job goes around again (`RULES`);
+    `logs`: submitit's folder of the ranks' logs, read where no rank recorded why it failed.
 
     srun's status 128 + the stop signal (140 for USR2) means the signal itself ended a rank, one
     that had no handler yet (a task still starting): Slurm asked the job to stop (seen on 22.05
@@ -263,6 +266,8 @@ def decide(
     killed_by = stop_signal_death(status, settings)
     if killed_by is not None and stop is None:
         stop = Stop(progress_step(run_dir), killed_by, None, me, time.time())
+    if failure is None and stop is None and status != 0 and logs is not None:
+        failure = unstarted.failure(ranklogs.stderr_tails(logs, env), me)
     scheduler = Slurm(env, preempt_time, time_left, partition_nodes, failed_nodes)
     return first_decision(Outcome(run_dir, me, status, stop, failure, era, scheduler, settings))
 

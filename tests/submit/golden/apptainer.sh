@@ -41,6 +41,8 @@ srun() {
   # A trapped signal (the TERM above) interrupts wait: wait again until srun itself has ended.
   while wait "$slurmddp_srun"; kill -0 "$slurmddp_srun" 2>/dev/null; do :; done
   kill -KILL "$slurmddp_stepwatch" 2>/dev/null
+  # Reaped here, its end is not reported: bash would print "Killed" into every rank 0 log.
+  wait "$slurmddp_stepwatch" 2>/dev/null
   wait "$slurmddp_srun"
 }
 # slurmddp: a failed attempt starts again as a new srun step of this allocation
