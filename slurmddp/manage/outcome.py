@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from slurmddp.cluster.slurm import JobState
-from slurmddp.manage import numbers, report, runs
+from slurmddp.manage import goodput, numbers, report, runs
 from slurmddp.manage.snapshot import shown_metrics
 from slurmddp.rundir.layout import RESULT
 from slurmddp.rundir.metrics import latest_values, read_metrics
@@ -35,6 +35,8 @@ def outcome(sub: Submission, state: JobState, wall_s: float) -> Outcome:
     if metrics:
         rows.append(("metrics", [f"{name}={numbers.metric(v)}" for name, v in metrics.items()]))
     rows.append(("time", time_text(row, wall_s)))
+    if row.goodput is not None:
+        rows.append(("goodput", goodput.describe(row.goodput).removeprefix("goodput ")))
     rows.append(("run dir", str(run_dir)))
     if (run_dir / RESULT).is_file():
         rows.append(("result", str(run_dir / RESULT)))

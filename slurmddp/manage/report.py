@@ -12,7 +12,7 @@ from typing import Any
 
 from slurmddp.errors import SlurmddpError
 from slurmddp.experiment.sweep import describe
-from slurmddp.manage import accounting, explain, numbers, runs
+from slurmddp.manage import accounting, explain, goodput, numbers, runs
 from slurmddp.rundir.metrics import read_metrics
 from slurmddp.rundir.records import SkippedSaves
 
@@ -42,6 +42,7 @@ def status_table(target: runs.Target, rows: list[runs.Row], metric: str | None) 
         "cpu_h",
         "gpu_h",
         "lost",
+        "goodput",
         "job",
     ]
     body = [
@@ -76,6 +77,9 @@ def status_table(target: runs.Target, rows: list[runs.Row], metric: str | None) 
             f"\ntotal: {_hours(used.cpu_hours)} CPU hours, {_hours(used.gpu_hours)} GPU hours, "
             f"{numbers.duration(used.lost_hours * 3600)} lost to requeues"
         )
+    summed = goodput.total(row.goodput for row in rows)
+    if target.kind == "sweep" and summed is not None:
+        text += f"\ntotal: {goodput.describe(summed)}"
     return text
 
 
@@ -90,6 +94,8 @@ def _notes(target: runs.Target, row: runs.Row) -> list[str]:
         lines.append(f"{name}: last attempt: {row.last_end}")
     if row.skipped is not None:
         lines.append(f"{name}: {skipped_saves(row.skipped)}")
+    if row.goodput is not None:
+        lines.append(f"{name}: {goodput.describe(row.goodput)}")
     if row.state not in runs.ACTIVE_STATES and row.state not in ("COMPLETED", "UNSUBMITTED"):
         lines.append(f"{name}: {resumes(row.resume)}")
     for reason in explain.reasons(target.element(row.index)):
@@ -135,8 +141,13 @@ def status_json(target: runs.Target, rows: list[runs.Row]) -> dict[str, Any]:
             {**_row_json(row), "failures": [r.to_json() for r in explain.reasons(target.element(row.index))]}
             for row in rows
         ],
-        "total": _usage_json(runs.total_usage(rows)),
+        "total": {**_usage_json(runs.total_usage(rows)), "goodput": _goodput_json(rows)},
     }
+
+
+def _goodput_json(rows: list[runs.Row]) -> dict[str, float | None] | None:
+    summed = goodput.total(row.goodput for row in rows)
+    return None if summed is None else {**asdict(summed), "share": summed.share}
 
 
 def _row_json(row: runs.Row) -> dict[str, Any]:
@@ -180,6 +191,7 @@ def results_table(rows: list[runs.Row], keys: list[str], metrics: list[str]) -> 
         "cpu_h",
         "gpu_h",
         "lost",
+        "goodput",
     ]
     return table(header, [_results_cells(row, keys, metrics) for row in rows])
 
@@ -188,7 +200,7 @@ def results_csv(rows: list[runs.Row], keys: list[str], metrics: list[str]) -> st
     out = io.StringIO()
     writer = csv.writer(out)
     writer.writerow(
-        ["index", *keys, "state", "step", *metrics, "cpu_hours", "gpu_hours", "lost_hours", "dir"]
+        ["index", *keys, "state", "step", *metrics, "cpu_hours", "gpu_hours", "lost_hours", "goodput", "dir"]
     )
     for row in rows:
         writer.writerow(
@@ -199,6 +211,7 @@ def results_csv(rows: list[runs.Row], keys: list[str], metrics: list[str]) -> st
                 "" if row.step is None else row.step,
                 *(row.metrics.get(m, "") for m in metrics),
                 *("" if value is None else value for value in (row.cpu_hours, row.gpu_hours, row.lost_hours)),
+                "" if row.goodput is None or row.goodput.share is None else round(row.goodput.share, 4),
                 row.dir,
             ]
         )
@@ -217,9 +230,16 @@ def _results_cells(row: runs.Row, keys: list[str], metrics: list[str]) -> list[s
 
 
 def _usage_cells(row: runs.Row) -> list[str]:
-    """CPU hours, GPU hours and the time lost to requeues; "-" where unknown (a local run)."""
+    """CPU hours, GPU hours and the time lost to requeues ("-" where unknown: a local run), and
+    the goodput ("-" before the first attempt)."""
     lost = "-" if row.lost_hours is None else numbers.duration(row.lost_hours * 3600)
-    return [_hours(row.cpu_hours), _hours(row.gpu_hours), lost]
+    share = None if row.goodput is None else row.goodput.share
+    return [
+        _hours(row.cpu_hours),
+        _hours(row.gpu_hours),
+        lost,
+        "-" if share is None else f"{100 * share:.1f}%",
+    ]
 
 
 def _hours(value: float | None) -> str:

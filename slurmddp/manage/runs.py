@@ -19,9 +19,10 @@ from slurmddp.defaults import EndReason, RunExecutor, RunKind
 from slurmddp.errors import SlurmddpError
 from slurmddp.job.checkpoint.completeness import newest_complete
 from slurmddp.job.checkpoint.integrity import checkpoint_problems, step_dirs
-from slurmddp.manage import accounting, index, numbers
+from slurmddp.manage import accounting, goodput, index, numbers
 from slurmddp.manage.backend import Backend, for_manifest
-from slurmddp.rundir.config import checkpoint_dir
+from slurmddp.manage.goodput import Goodput
+from slurmddp.rundir.config import checkpoint_dir, spare_share
 from slurmddp.rundir.layout import MANIFEST, PERF, SWEEP
 from slurmddp.rundir.manifest import RunManifest, SweepManifest
 from slurmddp.rundir.metrics import latest_values, read_metrics
@@ -362,6 +363,9 @@ class Row:
     """Where a resubmit would start."""
     skipped: SkippedSaves | None = None
     """The checkpoints the loop could not save for want of space; None: none skipped."""
+    goodput: Goodput | None = None
+    """The share of the allocated time that trained, and where the rest went (manage/goodput.py);
+    None before the first attempt began."""
 
 
 def rows(target: Target, with_usage: bool = True) -> list[Row]:
@@ -407,6 +411,14 @@ def rows(target: Target, with_usage: bool = True) -> list[Row]:
                 ended=attempt_ends(records, element.dir),
                 resume=resume_point(element.dir, target.manifest.workdir),
                 skipped=SkippedSaves.read(element.dir),
+                goodput=goodput.of_run(
+                    records,
+                    _element_submitted_at(target.manifest, element.index, first=True),
+                    progress,
+                    state in ACTIVE_STATES,
+                    now,
+                    spare_share(element.dir),
+                ),
             )
         )
     return out
@@ -498,11 +510,14 @@ def _earliest(times: Sequence[str | float | None]) -> float | None:
     return min(known) if known else None
 
 
-def _element_submitted_at(manifest: RunManifest | SweepManifest, index: int | None) -> float | None:
-    """When this element (or the run) was last submitted, as Unix time, if recorded."""
+def _element_submitted_at(
+    manifest: RunManifest | SweepManifest, index: int | None, first: bool = False
+) -> float | None:
+    """When this element (or the run) was last (`first`: first) submitted, as Unix time, if
+    recorded."""
     submissions = manifest.submissions if isinstance(manifest, SweepManifest) else []
     mine = [s for s in submissions if index in s.elements]
-    return _earliest([mine[-1].submitted_at]) if mine else _submitted_at(manifest)
+    return _earliest([mine[0 if first else -1].submitted_at]) if mine else _submitted_at(manifest)
 
 
 def _elapsed(

@@ -35,6 +35,21 @@ def checkpoint_dir(run_dir: Path, workdir: str | None) -> Path:
     return Path(workdir or run_dir) / named
 
 
+def spare_share(run_dir: Path) -> float:
+    """The spare nodes' share of the nodes the run's jobs hold (resources.spare_nodes over
+    resources.nodes plus them); 0 where the config cannot say."""
+    try:
+        section = read_config(run_dir).get("resources")
+    except (OSError, yaml.YAMLError):
+        return 0.0
+    if not isinstance(section, dict):
+        return 0.0
+    nodes, spares = section.get("nodes"), section.get("spare_nodes")
+    if not isinstance(nodes, int) or not isinstance(spares, int) or nodes + spares <= 0:
+        return 0.0
+    return spares / (nodes + spares)
+
+
 def write_config(run_dir: Path, resolved: Mapping[str, Any], *, durable: bool = True) -> None:
     """Write the resolved experiment. `durable=False`: a plain write, for the many elements of a
     sweep, whose manifest (written durably after them) is what makes the sweep exist."""

@@ -135,6 +135,41 @@ class LoopProgress:
 
 
 @dataclass(frozen=True)
+class Phases:
+    """Where an attempt's time went, as its rank 0 saw it: kept in progress.json as it goes, and
+    copied into the attempt's end record, from which `status` works out the run's goodput."""
+
+    started_step: int
+    """The step the attempt started from (0, or the checkpoint it resumed)."""
+    first_step_at: float | None
+    """When its first step ended (Unix time); None: it made none."""
+    last_step_at: float
+    """When it last recorded its step (progress.json's time)."""
+    save_s: float = 0.0
+    """Seconds its checkpoint saves held the training up (the ranks' part of an async save)."""
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "started_step": self.started_step,
+            "first_step_at": self.first_step_at,
+            "last_step_at": self.last_step_at,
+            "save_s": round(self.save_s, 3),
+        }
+
+    @classmethod
+    def from_json(cls, data: Any) -> Phases | None:
+        if not isinstance(data, Mapping) or not isinstance(data.get("started_step"), int):
+            return None
+        first = data.get("first_step_at")
+        return cls(
+            data["started_step"],
+            None if first is None else float(first),
+            float(data.get("last_step_at") or 0.0),
+            float(data.get("save_s") or 0.0),
+        )
+
+
+@dataclass(frozen=True)
 class Progress:
     """progress.json, refreshed by rank 0 every few seconds."""
 
@@ -142,6 +177,18 @@ class Progress:
     attempt: AttemptId
     time: float
     loop: LoopProgress | None = None
+    started_step: int | None = None
+    """The step this attempt started from; None in runs of versions before it."""
+    first_step_at: float | None = None
+    """When this attempt's first step ended; None before it (or in older runs)."""
+    save_s: float = 0.0
+    """Seconds this attempt's checkpoint saves held the training up so far."""
+
+    @property
+    def phases(self) -> Phases | None:
+        if self.started_step is None:
+            return None
+        return Phases(self.started_step, self.first_step_at, self.time, self.save_s)
 
     @classmethod
     def read(cls, run_dir: Path) -> Progress | None:
@@ -158,12 +205,24 @@ class Progress:
                 float(data.get("last_save_s") or 0.0),
                 data.get("global_batch"),
             )
-        return cls(data["step"], AttemptId.from_json(data), float(data.get("time") or 0.0), loop)
+        phases = Phases.from_json(data)
+        return cls(
+            data["step"],
+            AttemptId.from_json(data),
+            float(data.get("time") or 0.0),
+            loop,
+            None if phases is None else phases.started_step,
+            None if phases is None else phases.first_step_at,
+            0.0 if phases is None else phases.save_s,
+        )
 
     def write(self, run_dir: Path) -> None:
         loop = {} if self.loop is None else vars(self.loop)
+        phases = {} if self.phases is None else self.phases.to_json()
+        phases.pop("last_step_at", None)  # the record's own time
         write_json(
-            run_dir / PROGRESS, {"step": self.step, "time": self.time, **loop, **self.attempt.to_json()}
+            run_dir / PROGRESS,
+            {"step": self.step, "time": self.time, **loop, **phases, **self.attempt.to_json()},
         )
 
 
@@ -439,6 +498,9 @@ class End:
     signature: str | None = None
     """A failure: what failed (job/allocation/requeue.py's `signature`), which the next attempt's failure is
     compared with; None for other ends, and in runs of versions before it."""
+    phases: Phases | None = None
+    """Where the attempt's time went (its progress.json when it ended); None where its rank 0
+    recorded none (it never started training, or a version before it)."""
 
     def to_json(self) -> dict[str, Any]:
         known = {
@@ -446,6 +508,7 @@ class End:
             "status": self.status,
             "in_job": self.in_job or None,
             "signature": self.signature,
+            "phases": None if self.phases is None else self.phases.to_json(),
         }
         return {
             "event": "end",
@@ -505,6 +568,7 @@ def _event(data: Mapping[str, Any]) -> AttemptEvent:
             AttemptId.from_json(data) if "job_id" in data else None,
             bool(data.get("in_job")),
             data.get("signature"),
+            Phases.from_json(data.get("phases")),
         )
     return Resubmit(
         float(data.get("time") or 0.0), list(data.get("argv", [])), data.get("changed"), data.get("ranks")

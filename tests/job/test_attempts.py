@@ -854,3 +854,18 @@ def test_the_stop_signals_status_is_the_configured_signals(tmp_path: Path) -> No
     assert attempt(tmp_path, 0, status=128 + 12, left=30.0) == EXIT_RESTART_IN_JOB
     assert attempt(tmp_path, 1, status=128 + 10, left=30.0) == 0
     assert [r.reason for r in ends(tmp_path)] == ["failure", "timeout"]
+
+
+def test_the_end_record_keeps_the_phases_its_attempt_recorded(tmp_path: Path) -> None:
+    """Where the attempt's time went (its rank 0's progress.json) goes into its end record, from
+    which `status` works out the run's goodput; another attempt's progress is not taken."""
+    path = run_dir(tmp_path)
+    me = AttemptId("77", 0)
+    Progress(150, me, 44.0, None, started_step=0, first_step_at=14.0, save_s=2.5).write(path)
+    assert Progress.read(path) == Progress(150, me, 44.0, None, 0, 14.0, 2.5)
+    attempt(path, 0, failure_step=150, status=1)
+    (ended,) = ends(path)
+    assert ended.phases == records.Phases(0, 14.0, 44.0, 2.5)
+    Progress(150, me, 44.0, None, started_step=0, first_step_at=14.0).write(path)  # attempt 1's, not 2's
+    attempt(path, 1, failure_step=160, status=1)
+    assert ends(path)[1].phases is None

@@ -246,11 +246,12 @@ def test_status_table_shows_the_hours_and_a_total_line(
     lines = capsys.readouterr().out.splitlines()
     assert lines[1].split() == [
         *("index", "overrides", "state", "attempts", "step", "loss", "throughput", "elapsed"),
-        *("cpu_h", "gpu_h", "lost", "job"),
+        *("cpu_h", "gpu_h", "lost", "goodput", "job"),
     ]
-    assert lines[2].split()[8:] == ["1.20", "0.60", "0:02:10", "40_0"]
-    assert lines[3].split()[8:] == ["2.00", "1.00", "0:00:00", "40_1"]
-    assert lines[4].split()[8:] == ["1.13", "0.57", "0:06:00", "45"]
+    # Records without the phases of an attempt (versions before them): no goodput, not 0%.
+    assert lines[2].split()[8:] == ["1.20", "0.60", "0:02:10", "-", "40_0"]
+    assert lines[3].split()[8:] == ["2.00", "1.00", "0:00:00", "-", "40_1"]
+    assert lines[4].split()[8:] == ["1.13", "0.57", "0:06:00", "-", "45"]
     assert lines[5:] == [
         "element 0: attempt 1: preemption at step 500; attempt 2: completed",
         "element 2: attempt 1: failure at step 30; attempt 2: failure at step 30; attempt 3: completed",
@@ -264,8 +265,8 @@ def test_results_table_and_csv_have_the_hours_of_each_element(
 ) -> None:
     assert main(["results", str(sweep)]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].split() == ["index", "lr", "state", "step", "loss", "cpu_h", "gpu_h", "lost"]
-    assert lines[1].split() == ["1", "0.2", "COMPLETED", "1000", "0.25", "2.00", "1.00", "0:00:00"]
+    assert lines[0].split() == ["index", "lr", "state", "step", "loss", "cpu_h", "gpu_h", "lost", "goodput"]
+    assert lines[1].split() == ["1", "0.2", "COMPLETED", "1000", "0.25", "2.00", "1.00", "0:00:00", "-"]
     with (sweep / "results.csv").open() as handle:
         records = list(csv.DictReader(handle))
     by_index = {int(r["index"]): r for r in records}
@@ -292,7 +293,7 @@ def test_a_local_run_has_no_hours_not_zero_hours(
     (row,) = shown["elements"]
     assert row["state"] == "COMPLETED"
     assert (row["cpu_hours"], row["gpu_hours"], row["lost_hours"]) == (None, None, None)
-    assert shown["total"] == {"cpu_hours": None, "gpu_hours": None, "lost_hours": None}
+    assert shown["total"] == {"cpu_hours": None, "gpu_hours": None, "lost_hours": None, "goodput": None}
     assert not (tmp_path / "sacct.called").exists()
     assert main(["status", str(run)]) == 0
     assert capsys.readouterr().out.splitlines()[2].split()[-4:] == ["-", "-", "-", "999999"]

@@ -45,7 +45,7 @@ from slurmddp.job.allocation.outcome import (
 from slurmddp.job.allocation.requeue import Decision, decide, decide_local
 from slurmddp.rundir import records, watchkey
 from slurmddp.rundir.layout import LOGS, STEP_HOSTS
-from slurmddp.rundir.records import CANCELLED, AttemptEvent, AttemptId, Begin, End, Exclusions
+from slurmddp.rundir.records import CANCELLED, AttemptEvent, AttemptId, Begin, End, Exclusions, Progress
 
 
 def begin(
@@ -191,6 +191,7 @@ def _record_end(
     if decision.leave_out or decision.set_aside:
         excluded = Exclusions.read(run_dir).adding(decision.leave_out, attempt, now)
         excluded.setting_aside(decision.set_aside, attempt, now, me.allocation).write(run_dir)
+    progress = Progress.read(run_dir)
     ended = End(
         decision.reason,
         decision.step,
@@ -203,6 +204,7 @@ def _record_end(
         attempt_id=me,
         in_job=decision.in_job,
         signature=decision.signature,
+        phases=progress.phases if progress is not None and progress.attempt == me else None,
     )
     records.append_attempt(run_dir, ended)
     return ended

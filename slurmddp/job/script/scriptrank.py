@@ -62,8 +62,15 @@ def run_script(spec: RankSpec, dist: DistEnv) -> int:
     command = spec.command()
     run = _run_child(spec, dist, command)
     if dist.rank == 0 and run.step is not None:
-        # The attempt's last count, which the next attempt goes on from.
-        Progress(run.before + run.step, AttemptId.of(dist), time.time()).write(Path(spec.run_dir))
+        # The attempt's last count, which the next attempt goes on from; when its first step was
+        # seen, as the polling recorded it (a script that ended before the first poll: now).
+        me, now = AttemptId.of(dist), time.time()
+        seen = Progress.read(Path(spec.run_dir))
+        first = seen.first_step_at if seen is not None and seen.attempt == me else None
+        first = first or (now if run.step > 0 else None)
+        Progress(run.before + run.step, me, now, started_step=run.before, first_step_at=first).write(
+            Path(spec.run_dir)
+        )
     # A script that stopped by agreement stopped, even where this process heard no signal itself.
     stop = signals.received() or run.stopped_on
     code = run.code
@@ -217,6 +224,7 @@ def _wait_for_script(
     the run, `before` this attempt's and this attempt's: with an integration, which never makes a
     step twice, the training step the script is at."""
     shown_at = 0.0
+    first_step_at: float | None = None
     while True:
         try:
             return child.wait(timeout=0.2)
@@ -225,7 +233,15 @@ def _wait_for_script(
                 shown_at = time.monotonic()
                 step = scriptrun.read_steps(steps)
                 if step is not None:
-                    Progress(before + step, AttemptId.of(dist), time.time()).write(run_dir)
+                    # Seen at most PROGRESS_EVERY_S late: the script's steps are counted by polling.
+                    first_step_at = first_step_at or (time.time() if step > 0 else None)
+                    Progress(
+                        before + step,
+                        AttemptId.of(dist),
+                        time.time(),
+                        started_step=before,
+                        first_step_at=first_step_at,
+                    ).write(run_dir)
 
 
 def _after(step: int | None) -> str:

@@ -144,6 +144,8 @@ class TrainLoop:
         """True while the step being run is the priming step of a resumed attempt: its effects are
         undone, and `ctx.log` drops what it logs; skip other side effects (files of your own) then."""
         self.last_save_s = 0.0
+        self._save_total_s = 0.0
+        self._first_step_at: float | None = None
         self._resumed: CheckpointInfo | None = None
         self._saved_at = time.monotonic()
         self._saved_step = -1
@@ -331,6 +333,8 @@ class TrainLoop:
             if self.data is not None:
                 self.data.advance()
             self.step += 1
+            if self._first_step_at is None:
+                self._first_step_at = time.time()
             if self.telemetry is not None:
                 self.telemetry.step(data_s, time.perf_counter() - began)
         if self._watchdog is not None:
@@ -436,6 +440,7 @@ class TrainLoop:
                 return unsaved
         self.store.prune()
         self.last_save_s = time.perf_counter() - started
+        self._save_total_s += self.last_save_s
         self._saved_at = time.monotonic()
         self._saved_step = self.step
         return None
@@ -527,7 +532,15 @@ class TrainLoop:
                 last_save_s=round(self.last_save_s, 3),
                 global_batch=self.settings.get("global_batch"),
             )
-            Progress(self.step, self.attempt, time.time(), position).write(self.run_dir)
+            Progress(
+                self.step,
+                self.attempt,
+                time.time(),
+                position,
+                started_step=self.first_step,
+                first_step_at=self._first_step_at,
+                save_s=self._save_total_s,
+            ).write(self.run_dir)
 
     def _end_without_stop_checkpoint(self, problem: str) -> None:
         """The checkpoint for a stop did not fit: the attempt ends as a failure with why, and the
