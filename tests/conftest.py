@@ -434,6 +434,14 @@ def submit_run(env: dict[str, str], out: Path, *overrides: str, experiment: Path
     return manifest.parent
 
 
+def progress_step(run: Path) -> int:
+    """The step rank 0 last recorded (RUN_DIR/progress.json); -1 before any."""
+    try:
+        return int(json.loads((run / "progress.json").read_text())["step"])
+    except (OSError, ValueError, KeyError):
+        return -1
+
+
 def run_job_id(run: Path) -> str:
     """The Slurm job id a run's manifest records."""
     return str(json.loads((run / "manifest.json").read_text())["job_id"])

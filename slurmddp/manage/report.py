@@ -14,7 +14,7 @@ from slurmddp.errors import SlurmddpError
 from slurmddp.experiment.sweep import describe
 from slurmddp.manage import accounting, explain, goodput, numbers, runs
 from slurmddp.rundir.metrics import read_metrics
-from slurmddp.rundir.records import SkippedSaves
+from slurmddp.rundir.records import SkippedSaves, SlowNode
 
 
 def table(header: Sequence[str], body: Sequence[Sequence[str]]) -> str:
@@ -94,6 +94,8 @@ def _notes(target: runs.Target, row: runs.Row) -> list[str]:
         lines.append(f"{name}: last attempt: {row.last_end}")
     if row.skipped is not None:
         lines.append(f"{name}: {skipped_saves(row.skipped)}")
+    if row.slow is not None:
+        lines.append(f"{name}: {slow_node(row.slow)}")
     if row.goodput is not None:
         lines.append(f"{name}: {goodput.describe(row.goodput)}")
     if row.state not in runs.ACTIVE_STATES and row.state not in ("COMPLETED", "UNSUBMITTED"):
@@ -123,6 +125,14 @@ def resumes(resume: runs.Resume) -> str:
     if resume.checkpoint is None:
         return "a resubmit starts from step 0: no complete checkpoint was saved"
     return f"a resubmit resumes from step {resume.step} (checkpoint {resume.checkpoint})"
+
+
+def slow_node(slow: SlowNode) -> str:
+    """ "node2 is slow: ..." as rank 0 found it."""
+    return (
+        f"{slow.host} is slow: its ranks compute {slow.ratio:.2f}x the median node's per step, which "
+        f"slows every step by {100 * slow.slows_by:.0f}% (found at step {slow.step})"
+    )
 
 
 def skipped_saves(skipped: SkippedSaves) -> str:

@@ -35,6 +35,7 @@ from slurmddp.rundir.records import (
     Exclusions,
     Progress,
     SkippedSaves,
+    SlowNode,
     Stop,
     Unwatched,
     begins,
@@ -363,6 +364,8 @@ class Row:
     """Where a resubmit would start."""
     skipped: SkippedSaves | None = None
     """The checkpoints the loop could not save for want of space; None: none skipped."""
+    slow: SlowNode | None = None
+    """The node the latest attempt found slowing every step (job/train/stragglers.py); None: none."""
     goodput: Goodput | None = None
     """The share of the allocated time that trained, and where the rest went (manage/goodput.py);
     None before the first attempt began."""
@@ -411,6 +414,7 @@ def rows(target: Target, with_usage: bool = True) -> list[Row]:
                 ended=attempt_ends(records, element.dir),
                 resume=resume_point(element.dir, target.manifest.workdir),
                 skipped=SkippedSaves.read(element.dir),
+                slow=_slow_node(element.dir, latest),
                 goodput=goodput.of_run(
                     records,
                     _element_submitted_at(target.manifest, element.index, first=True),
@@ -438,6 +442,12 @@ def _left_out(run_dir: Path, latest: AttemptId | None) -> dict[str, Exclusion]:
     allocation (an earlier allocation's are no longer left out)."""
     excluded = Exclusions.read(run_dir)
     return excluded.hosts if latest is None else excluded.applying_to(latest)
+
+
+def _slow_node(run_dir: Path, latest: AttemptId | None) -> SlowNode | None:
+    """The node the `latest` attempt found slow (an earlier attempt's may be gone from the job)."""
+    found = SlowNode.read(run_dir)
+    return found if found is not None and found.host is not None and found.attempt == latest else None
 
 
 def _left_out_for(why: Exclusion) -> str:

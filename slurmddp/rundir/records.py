@@ -4,6 +4,7 @@ the JSON keys are the contract: they stay as runs written by earlier versions ha
 
     progress.json   Progress     rank 0: how far the attempt got
     skipped_checkpoints.json  SkippedSaves  rank 0: checkpoints not saved for want of space
+    slow_node.json  SlowNode  rank 0: the node slowing every step, or none
     stop.json       Stop         rank 0: where the ranks stopped after a stop signal
     failure.json    Failure      a rank's crash, a hang, a failed preflight, a refused job
     interrupt.json  Interrupt    `slurmddp interrupt`: the reason its signal stands for
@@ -35,6 +36,7 @@ from slurmddp.rundir.layout import (
     PROGRESS,
     RESULT,
     SKIPPED_SAVES,
+    SLOW_NODE,
     STOP,
     SWEEP,
     UNWATCHED,
@@ -223,6 +225,42 @@ class Progress:
         write_json(
             run_dir / PROGRESS,
             {"step": self.step, "time": self.time, **loop, **phases, **self.attempt.to_json()},
+        )
+
+
+@dataclass(frozen=True)
+class SlowNode:
+    """slow_node.json: the node rank 0's telemetry found slowing every step (job/train/stragglers.py),
+    or, with `host` None, that none is now."""
+
+    host: str | None
+    ratio: float
+    """Its ranks' compute per step over the median node's."""
+    slows_by: float
+    """The share of each step it costs."""
+    step: int
+    attempt: AttemptId
+    time: float
+
+    @classmethod
+    def read(cls, run_dir: Path) -> SlowNode | None:
+        data = read_json_object(run_dir / SLOW_NODE)
+        if data is None or "host" not in data:
+            return None
+        host = data.get("host")
+        return cls(
+            None if host is None else str(host),
+            float(data.get("ratio") or 0.0),
+            float(data.get("slows_by") or 0.0),
+            int(data.get("step") or 0),
+            AttemptId.from_json(data),
+            float(data.get("time") or 0.0),
+        )
+
+    def write(self, run_dir: Path) -> None:
+        record = {"host": self.host, "ratio": round(self.ratio, 3), "slows_by": round(self.slows_by, 4)}
+        write_json(
+            run_dir / SLOW_NODE, {**record, "step": self.step, "time": self.time, **self.attempt.to_json()}
         )
 
 

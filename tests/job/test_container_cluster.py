@@ -29,6 +29,7 @@ from conftest import (
     ROOT,
     parent_pid,
     preempt_with_high_job,
+    progress_step,
     rank_pids,
     run_job_id,
     slurmddp,
@@ -75,13 +76,6 @@ def submit(env: dict[str, str], out: Path, *overrides: str, experiment: Path = Q
 def ends(run: Path) -> list[dict[str, Any]]:
     lines = (run / "attempts.jsonl").read_text().splitlines() if (run / "attempts.jsonl").exists() else []
     return [record for line in lines if (record := json.loads(line))["event"] == "end"]
-
-
-def progress_step(run: Path) -> int:
-    try:
-        return int(json.loads((run / "progress.json").read_text())["step"])
-    except (OSError, ValueError, KeyError):
-        return -1
 
 
 def param_hash(run: Path) -> str:

@@ -17,6 +17,7 @@ from conftest import (
     ROOT,
     parent_pid,
     preempt_with_high_job,
+    progress_step,
     rank_pids,
     run_job_id,
     slurmddp,
@@ -32,13 +33,6 @@ STEPS = 1000
 COMMON = [f"train.steps={STEPS}", "train.log_every=100"]
 
 pytestmark = [pytest.mark.slurm, pytest.mark.lab_generation("24.11")]
-
-
-def progress_step(run: Path) -> int:
-    try:
-        return int(json.loads((run / "progress.json").read_text())["step"])
-    except (OSError, ValueError, KeyError):
-        return -1
 
 
 def attempts(run: Path) -> list[dict[str, Any]]:

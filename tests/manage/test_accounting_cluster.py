@@ -11,20 +11,13 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, SYNTHETIC, only_run, slurmddp, wait_for_job, wait_until
+from conftest import ROOT, SYNTHETIC, only_run, progress_step, slurmddp, wait_for_job, wait_until
 
 pytestmark = pytest.mark.slurm
 
 # From rank 0's end record (written once the stop's checkpoint is durable) to the allocation's end:
 # scontrol requeue, then the job's processes are killed; sacct's End has a 1 s resolution.
 STOP_TO_END_S = 10.0
-
-
-def progress_step(run: Path) -> int:
-    try:
-        return int(json.loads((run / "progress.json").read_text())["step"])
-    except (OSError, ValueError, KeyError):
-        return -1
 
 
 def end_reasons(run: Path) -> list[str]:

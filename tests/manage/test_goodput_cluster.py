@@ -18,6 +18,7 @@ from conftest import (
     QUICKSTART,
     parent_pid,
     preempt_with_high_job,
+    progress_step,
     rank_pids,
     run_job_id,
     slurmddp,
@@ -34,13 +35,6 @@ EVERY = 100
 def events(run: Path) -> list[dict[str, Any]]:
     path = run / "attempts.jsonl"
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
-
-
-def progress_step(run: Path) -> int:
-    try:
-        return int(json.loads((run / "progress.json").read_text())["step"])
-    except (OSError, ValueError, KeyError):
-        return -1
 
 
 def by_hand(run: Path) -> dict[str, float]:

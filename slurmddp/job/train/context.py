@@ -20,6 +20,7 @@ if TYPE_CHECKING:
 
     from slurmddp.job.process.watchdog import Watchdog
     from slurmddp.job.train.data import Feed
+    from slurmddp.job.train.stragglers import Straggler
     from slurmddp.job.train.telemetry import Telemetry
     from slurmddp.job.train.trackers import Trackers
 
@@ -306,4 +307,31 @@ class RunContext:
             backend=backend,
             transport=transport(backend, os.environ),
             log=self.log,
+            node=self.dist.node_rank,
+            slow=self._slow_node,
+        )
+
+    def _slow_node(self, found: Straggler | None, step: int) -> None:
+        """Rank 0: a node was named slow (or none is any more): say it in the log and the record
+        `status` reads."""
+        import os
+        import socket
+
+        from slurmddp.cluster import hostlist
+        from slurmddp.rundir.records import AttemptId, SlowNode
+
+        nodes = os.environ.get("SLURM_STEP_NODELIST") or os.environ.get("SLURM_JOB_NODELIST")
+        hosts = hostlist.expand(nodes) if nodes else [socket.gethostname()]
+        host = (
+            None if found is None else hosts[found.node] if found.node < len(hosts) else f"node {found.node}"
+        )
+        ratio, slows_by = (found.ratio, found.slows_by) if found is not None else (0.0, 0.0)
+        SlowNode(host, ratio, slows_by, step, AttemptId.of(self.dist), time.time()).write(self.run_dir)
+        if found is None:
+            print(f"slurmddp: no node is slow any more (step {step})", flush=True)
+            return
+        print(
+            f"slurmddp: {host} is slow: its ranks compute {ratio:.2f}x the median node's per step, "
+            f"which slows every step by {100 * slows_by:.0f}% (step {step})",
+            flush=True,
         )

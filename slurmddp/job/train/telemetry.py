@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from slurmddp.experiment import schema
+from slurmddp.job.train import stragglers
 from slurmddp.rundir.layout import PERF
 
 BARRIERS = 10
@@ -171,6 +172,8 @@ class _Gathered:
     """The sums since warm-up."""
     barrier_s: float
     peak: float
+    node: int
+    """The rank's node in the step (SLURM_NODEID)."""
 
     @classmethod
     def of(cls, row: Sequence[float]) -> _Gathered:
@@ -180,6 +183,7 @@ class _Gathered:
             dict(zip(_SUMS, row[n : 2 * n], strict=True)),
             row[2 * n],
             row[2 * n + 1],
+            int(row[2 * n + 2]),
         )
 
 
@@ -197,6 +201,8 @@ class Telemetry:
         backend: str,
         transport: str,
         log: Callable[..., None],
+        node: int = 0,
+        slow: Callable[[stragglers.Straggler | None, int], None] | None = None,
     ) -> None:
         self.settings = settings
         """The experiment's `telemetry:` section (warmup_steps, every_s)."""
@@ -207,6 +213,11 @@ class Telemetry:
         self.backend = backend
         self.transport = transport
         self._log = log
+        self.node = node
+        """This rank's node in the step."""
+        self._slow = slow
+        """Rank 0: told of the node named slow (or of none any more), with the step."""
+        self._stragglers = stragglers.Watch()
         self.timer = CommTimer(device)
         self.comm_measured = False
         self._window = dict.fromkeys(_SUMS, 0.0)
@@ -251,10 +262,11 @@ class Telemetry:
         """Collective: gather every rank's figures; rank 0 logs the window's. The same boundary on
         every rank (the loop's agreed flag), so the all-gather pairs up."""
         gathered = self._gather()
-        self._logged_at = time.monotonic()
+        started, self._logged_at = self._logged_at, time.monotonic()
         self._window = dict.fromkeys(_SUMS, 0.0)
         if self.rank == 0:
             self._record(step, gathered)
+            self._watch(step, gathered, started)
 
     def finish(self, step: int) -> None:
         """Collective, at the end of the loop: the last record, and rank 0's summary."""
@@ -295,6 +307,17 @@ class Telemetry:
         if figures:
             self._log(step, **{f"{PERF}{key}": value for key, value in figures.items() if value is not None})
 
+    def _watch(self, step: int, gathered: Sequence[_Gathered], started: float) -> None:
+        """Rank 0: name a node that stays slow (job/train/stragglers.py), over the window's steps."""
+        windows = [r.window for r in gathered]
+        if self._slow is None or not self.comm_measured or any(w["steps"] == 0 for w in windows):
+            return
+        compute = [max(0.0, w["step_s"] - w["comm_s"]) / w["steps"] for w in windows]
+        step_s = max(w["step_s"] / w["steps"] for w in windows)
+        found = stragglers.slowest_node(compute, [r.node for r in gathered], step_s)
+        if self._stragglers.seen(found, started, self._logged_at):
+            self._slow(found if self._stragglers.named is not None else None, step)
+
     def _figures(self, sums: Sequence[Mapping[str, float]], peaks: Sequence[float]) -> dict[str, Any]:
         """The figures of a stretch of steps, from every rank's sums: the pace is the slowest
         rank's (DDP keeps the ranks in step), fractions and communication are the ranks' mean."""
@@ -328,7 +351,7 @@ class Telemetry:
         import torch.distributed as tdist
 
         peak = torch.cuda.max_memory_allocated(self.device) if self.device.type == "cuda" else 0
-        mine = [*self._window.values(), *self._total.values(), self._barrier_s, float(peak)]
+        mine = [*self._window.values(), *self._total.values(), self._barrier_s, float(peak), float(self.node)]
         local = torch.tensor(mine, dtype=torch.float64, device=self.device)
         rows = [torch.empty_like(local) for _ in range(self.world_size)]
         tdist.all_gather(rows, local)
