@@ -420,7 +420,9 @@ def slurm_wait(slurm_env: dict[str, str]) -> Callable[..., str]:
 
 
 def submit_run(env: dict[str, str], out: Path, *overrides: str, experiment: Path = SYNTHETIC) -> Path:
-    """`submit EXPERIMENT OVERRIDES output_dir=OUT` from OUT's parent; the run directory."""
+    """`submit EXPERIMENT OVERRIDES output_dir=OUT` from OUT's parent (made if missing); the run
+    directory."""
+    out.parent.mkdir(parents=True, exist_ok=True)
     proc = subprocess.run(
         [sys.executable, "-m", "slurmddp", "submit", str(experiment), *overrides, f"output_dir={out}"],
         env=env,

@@ -69,7 +69,6 @@ def settings(bundle: Path, generation: str) -> tuple[str, ...]:
 
 
 def submit(env: dict[str, str], out: Path, *overrides: str, experiment: Path = QUICKSTART) -> Path:
-    out.parent.mkdir(parents=True, exist_ok=True)
     return submit_run(env, out, *overrides, experiment=experiment)
 
 
@@ -161,7 +160,6 @@ def test_a_sweep_starts_each_element_in_its_own_container(
     )
     shape = ("resources.tasks_per_node=1",) if slurm_generation == "22.05" else ()
     out = tmp_path / "runs"
-    out.mkdir()
     done = slurmddp(
         slurm_env,
         tmp_path,

@@ -44,11 +44,9 @@ def throttle(pids: list[int], done: threading.Event, stopped_s: float = 0.06, pe
 def test_a_node_slowed_mid_run_is_named_in_the_log_and_status_within_a_minute(
     slurm_env: dict[str, str], tmp_path: Path
 ) -> None:
-    out = tmp_path / "runs"
-    out.mkdir()
     run = submit_run(
         slurm_env,
-        out,
+        tmp_path / "runs",
         "resources.nodes=3",
         "resources.tasks_per_node=1",
         "train.epochs=400",

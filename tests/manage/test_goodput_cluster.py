@@ -70,11 +70,9 @@ def by_hand(run: Path) -> dict[str, float]:
 def test_status_shows_the_goodput_and_its_split_as_the_attempt_records_say(
     slurm_env: dict[str, str], tmp_path: Path
 ) -> None:
-    out = tmp_path / "runs"
-    out.mkdir()
     run = submit_run(
         slurm_env,
-        out,
+        tmp_path / "runs",
         "train.epochs=30",
         f"checkpoint.every_steps={EVERY}",
         "requeue.in_job_restarts=1",
