@@ -51,6 +51,9 @@ IN_JOB_RESTART_ENV = "SLURMDDP_IN_JOB_RESTART"
 SLURMD_PORT_ENV = "SLURMDDP_SLURMD_PORT"
 """Set by the batch script: the port slurmd listens on, which the peer watch knocks at to tell a
 node that stopped answering from a rank that died (job/process/liveness.py)."""
+SNAPSHOTS_ENV = "SLURMDDP_SNAPSHOTS"
+"""Set by the batch script: the folder of this job's in-memory snapshots (checkpoint.snapshot_dir),
+which one task per node removes when the job ends; the ranks take snapshots only where it is set."""
 LOCAL_REQUEUE_STATUS = 144
 """submitit's local controller reruns every task when one exits with this status (submitit 1.5)."""
 

@@ -32,8 +32,9 @@ from slurmddp.errors import ConfigError
 KINDS = ("grid", "list", "random")
 SETTINGS = ("max_parallel", "metric", "mode")
 DISTRIBUTIONS = ("choice", "uniform", "log_uniform", "int")
-# What one array shares: a single batch script (resources, time, signal, srun's MPI plugin) and a
-# single job name and output directory. Everything else travels per element in its pickle and config.yaml.
+# What one array shares: a single batch script (resources, time, signal, srun's MPI plugin, the
+# folder of the in-memory snapshots it removes at the end) and a single job name and output
+# directory. Everything else travels per element in its pickle and config.yaml.
 FIXED_PER_ARRAY = (
     "name",
     "profile",
@@ -45,6 +46,7 @@ FIXED_PER_ARRAY = (
     "requeue.signal_lead_s",
     "dist.launcher",
     "dist.srun_mpi",
+    "checkpoint.snapshot_dir",
 )
 
 

@@ -284,6 +284,13 @@ def rank_env(exp: Experiment) -> dict[str, str]:
     return env
 
 
+def snapshot_dir(exp: Experiment) -> str | None:
+    """Where the batch script keeps the in-memory snapshots: only a `module:function` entrypoint's
+    ctx.loop takes them (a script's framework saves its own way), and none with 0."""
+    wanted = exp.entrypoint.function is not None and exp.checkpoint.snapshot_every_steps != 0
+    return exp.checkpoint.snapshot_dir if wanted else None
+
+
 def stop_signals(exp: Experiment) -> tuple[str, ...]:
     """The configured stop signal, and SIGTERM for clusters that preempt with it."""
     return tuple(dict.fromkeys((exp.requeue.signal, ALWAYS_STOP_ON)))
@@ -321,6 +328,7 @@ def slurm_parameters(
             user_setup=res.setup,
             submission_args=submission_args,
             containers=containers,
+            snapshot_dir=snapshot_dir(exp),
         ).splitlines(),
         "teardown": render_template(
             "teardown.sh.j2", python=interpreter, run_dir=run_dir, submission_args=submission_args

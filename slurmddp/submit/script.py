@@ -14,6 +14,7 @@ from slurmddp.defaults import (
     EXIT_RESTART_IN_JOB,
     IN_JOB_RESTART_ENV,
     SLURMD_PORT_ENV,
+    SNAPSHOTS_ENV,
     STOP_SIGNALS_ENV,
 )
 
@@ -45,6 +46,7 @@ def render_template(template: str, **values: Any) -> str:
         exit_restart_in_job=EXIT_RESTART_IN_JOB,
         in_job_restart_env=IN_JOB_RESTART_ENV,
         stop_signals_env=STOP_SIGNALS_ENV,
+        snapshots_env=SNAPSHOTS_ENV,
         **values,
     )
 

@@ -13,6 +13,7 @@ from slurmddp import RunContext
 
 STEPS = 30
 STOP_AT_ENV = "RESUME_TEST_STOP_AT"
+CRASH_AT_ENV = "RESUME_TEST_CRASH_AT"
 
 
 def train(ctx: RunContext) -> dict[str, Any]:
@@ -22,7 +23,10 @@ def train(ctx: RunContext) -> dict[str, Any]:
     torch.manual_seed(0)  # the same initial weights in every attempt; a resume overwrites them
     model = ctx.ddp(nn.Sequential(nn.Linear(32, 64), nn.Dropout(0.2), nn.ReLU(), nn.Linear(64, 4)))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    # Each rank its own stream, as each draws its own data: a resume must give each rank its own back.
+    torch.manual_seed(1000 + ctx.rank)
     stop_at = int(os.environ.get(STOP_AT_ENV, "-1"))
+    crash_at = int(os.environ.get(CRASH_AT_ENV, "-1"))
     loss = torch.zeros(())
     for step in ctx.loop(STEPS, model=model, optimizer=optimizer):
         x = torch.randn(16, 32, device=ctx.device)
@@ -35,6 +39,8 @@ def train(ctx: RunContext) -> dict[str, Any]:
         if step == stop_at and ctx.restart_count == 0:
             # What Slurm sends before the time limit; the loop stops every rank one step later.
             os.kill(os.getpid(), signal.SIGUSR2)
+        if step == crash_at and ctx.restart_count == 0:
+            os.kill(os.getpid(), signal.SIGKILL)
     weights = torch.cat([p.detach().float().flatten() for p in model.parameters()]).cpu()
     return {
         "device": str(ctx.device),

@@ -31,6 +31,7 @@ from slurmddp.rundir.records import Failure
 
 STEPS = 1000
 COMMON = [f"train.steps={STEPS}", "train.log_every=100"]
+SNAPSHOT_EVERY = 20
 
 pytestmark = [pytest.mark.slurm, pytest.mark.lab_generation("24.11")]
 
@@ -137,7 +138,12 @@ def test_a_killed_rank_restarts_inside_the_allocation_then_through_the_queue(
     attempt starts, before it gained a step: the restart is used up, and the job goes through the
     queue. The steps are chosen anew each run."""
     run = submit_run(
-        slurm_env, tmp_path / "runs", *COMMON, "checkpoint.every_steps=150", "requeue.in_job_restarts=1"
+        slurm_env,
+        tmp_path / "runs",
+        *COMMON,
+        "checkpoint.every_steps=150",
+        f"checkpoint.snapshot_every_steps={SNAPSHOT_EVERY}",
+        "requeue.in_job_restarts=1",
     )
     job = run_job_id(run)
     chooser = random.Random()
@@ -176,14 +182,20 @@ def test_a_killed_rank_restarts_inside_the_allocation_then_through_the_queue(
     steps = {name for name, _ in sacct(slurm_env, job, "-D")}
     assert {f"{job}.0", f"{job}.1", f"{job}.2"} <= steps, steps
     assert final_hash(run) == reference
-    # Each restart after a step resumed from a checkpoint the failed attempt had saved, the newest
-    # or (a kill during a save) the one before it.
+    # Each restart in the allocation resumed from the newest in-memory snapshot, a few steps before
+    # the kill (one interval, or two where the last was still being written), not from the last
+    # checkpoint; the requeue (a new allocation) from the checkpoint on disk.
     log = "".join(p.read_text() for p in (run / "logs").glob("*_0_log.out"))
-    resumed = [int(line.rsplit(" ", 1)[1]) for line in log.splitlines() if "resumed from" in line]
-    failed_at = [first["step"], second["step"]]
-    assert len(resumed) >= 2 and all(
-        r % 150 == 0 and at - 300 < r <= at for r, at in zip(resumed, failed_at, strict=False)
-    ), (resumed, failed_at)
+    resumed = [
+        (int(line.rsplit(" ", 1)[1]), "in-memory snapshot" in line)
+        for line in log.splitlines()
+        if "resumed from" in line
+    ]
+    # The third attempt, killed as it started, may have died before it said where it resumed from.
+    assert len(resumed) in (2, 3), resumed
+    for (step, in_memory), at in zip(resumed[:-1], (first_at, second_at), strict=False):
+        assert in_memory and at - 2 * SNAPSHOT_EVERY - 1 <= step, (resumed, first_at, second_at)
+    assert not resumed[-1][1] and resumed[-1][0] % 150 == 0, resumed
 
 
 def begins(run: Path) -> list[dict[str, Any]]:
@@ -197,7 +209,12 @@ def test_a_node_lost_under_the_job_is_swapped_for_its_spare_inside_the_allocatio
     at a moment chosen anew each run; the run goes on, as a new step, on the first node and the
     spare, with the uninterrupted run's parameters."""
     run = submit_run(
-        slurm_env, tmp_path / "runs", *COMMON, "checkpoint.every_steps=150", "resources.spare_nodes=1"
+        slurm_env,
+        tmp_path / "runs",
+        *COMMON,
+        "checkpoint.every_steps=150",
+        f"checkpoint.snapshot_every_steps={SNAPSHOT_EVERY}",
+        "resources.spare_nodes=1",
     )
     job = run_job_id(run)
     wait_until("the first attempt", lambda: bool(attempts(run)))
@@ -205,6 +222,8 @@ def test_a_node_lost_under_the_job_is_swapped_for_its_spare_inside_the_allocatio
     assert len(first_nodes) == 2, first_nodes
     victim = first_nodes[1]
     at = random.Random().randrange(200, 600)
+    # Not just after a checkpoint (every 150 steps), where the newest snapshot is no newer.
+    at += 2 * SNAPSHOT_EVERY if at % 150 < 2 * SNAPSHOT_EVERY else 0
     print(f"killing the ranks on {victim} and draining it at step {at}")
     wait_until(f"step {at}", lambda: progress_step(run) >= at, timeout=300)
     scontrol = ["scontrol", "update", f"nodename={victim}"]
@@ -225,6 +244,10 @@ def test_a_node_lost_under_the_job_is_swapped_for_its_spare_inside_the_allocatio
     assert len(second_nodes) == 2 and victim not in second_nodes and first_nodes[0] in second_nodes
     assert [state for _, state in sacct(slurm_env, job, "-X", "-D")] == ["COMPLETED"]
     assert final_hash(run) == reference
+    # The spare held no snapshot: its ranks got the first node's, with their own random streams.
+    log = "".join(p.read_text() for p in (run / "logs").glob("*_0_log.out"))
+    (resumed,) = [line for line in log.splitlines() if "resumed from" in line]
+    assert f"in-memory snapshot /dev/shm/slurmddp-{os.getuid()}/{job}.0/{first_nodes[0]}/" in resumed, resumed
 
 
 def sacct(env: dict[str, str], job: str, *options: str) -> list[tuple[str, str]]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -256,6 +257,7 @@ class RunContext:
         """
         from slurmddp.job.checkpoint import CheckpointStore
         from slurmddp.job.train.data import Feed
+        from slurmddp.job.train.snapshots import Snapshots
 
         feed = Feed(data) if data is not None else None
         if total_steps is None:
@@ -283,13 +285,12 @@ class RunContext:
                 ddp_modules=self.ddp_modules,
                 watchdog=self.watchdog,
                 telemetry=self._telemetry(feed),
+                snapshots=Snapshots.open(os.environ, self.settings.checkpoint, self.dist),
             ),
         )
         return self.active_loop
 
     def _telemetry(self, feed: Feed | None) -> Telemetry | None:
-        import os
-
         import torch.distributed as tdist
 
         from slurmddp.job.train.telemetry import Telemetry, transport
@@ -314,7 +315,6 @@ class RunContext:
     def _slow_node(self, found: Straggler | None, step: int) -> None:
         """Rank 0: a node was named slow (or none is any more): say it in the log and the record
         `status` reads."""
-        import os
         import socket
 
         from slurmddp.cluster import hostlist

@@ -26,7 +26,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,6 +44,7 @@ if TYPE_CHECKING:
     from slurmddp.job.process.distenv import DistEnv
     from slurmddp.job.process.watchdog import Watchdog
     from slurmddp.job.train.data import Feed
+    from slurmddp.job.train.snapshots import Snapshots
     from slurmddp.job.train.telemetry import Telemetry
 
 # Rank 0 records how far it got at most this often, for the attempt log of a crashed attempt.
@@ -78,6 +79,8 @@ class LoopRuntime:
     """The modules ctx.ddp wrapped: primed on resume, and paused by micro_batches."""
     watchdog: Watchdog | None = None
     telemetry: Telemetry | None = None
+    snapshots: Snapshots | None = None
+    """In-memory snapshots (checkpoint.snapshot_every_steps), where the batch script set them up."""
 
 
 class TrainLoop:
@@ -100,8 +103,9 @@ class TrainLoop:
         self._place(runtime, checkpoint)
         self._hold(state, ddp, precision)
         self._start_counting()
-        # A stop signal arrived; a timed checkpoint is due; a telemetry record is due.
-        self._flags = torch.zeros(3, dtype=torch.int32, device=runtime.device)
+        # A stop signal arrived; a timed checkpoint is due; a telemetry record is due; an in-memory
+        # snapshot is due; a node is still writing the last one.
+        self._flags = torch.zeros(5, dtype=torch.int32, device=runtime.device)
         self._pending: Any = None
         self._check_own_sampler()
         self._resume()
@@ -118,6 +122,7 @@ class TrainLoop:
         self._watchdog = runtime.watchdog
         self.telemetry = runtime.telemetry
         """Step times, data wait, communication (train/telemetry.py); None with telemetry.enabled=false."""
+        self.snapshots = runtime.snapshots
 
     def _hold(self, state: LoopState, ddp: Ddp, precision: Precision) -> None:
         """What the checkpoints keep, and the settings that state depends on."""
@@ -147,6 +152,8 @@ class TrainLoop:
         self._save_total_s = 0.0
         self._first_step_at: float | None = None
         self._resumed: CheckpointInfo | None = None
+        self._reload: Callable[[], dict[str, Any]] | None = None
+        """A fresh copy of the resumed state's shared part, for after the priming step."""
         self._saved_at = time.monotonic()
         self._saved_step = -1
         self._unsettled: tuple[int, str | None] | None = None
@@ -190,7 +197,7 @@ class TrainLoop:
     def _resume(self) -> None:
         from slurmddp.job.checkpoint import restore_rng_state
 
-        found = self._load_intact()
+        found = self._from_snapshot() or self._load_intact()
         if found is None:
             return
         info, shared, local = found
@@ -201,11 +208,29 @@ class TrainLoop:
             restore_rng_state(local["rng"])
         self._resumed = info
         self.step = self._saved_step = self.first_step = info.step
+        if self.snapshots is not None:
+            self.snapshots.kept(info.step)
         if self.rank == 0:
             drop_metrics_from(self.run_dir, info.step)
-            print(f"slurmddp: resumed from {info.path} at step {info.step}", flush=True)
+            kind = "the in-memory snapshot " if self._reload is not None else ""
+            print(f"slurmddp: resumed from {kind}{info.path} at step {info.step}", flush=True)
             if resized:
                 self._say_resized(info)
+
+    def _from_snapshot(self) -> tuple[CheckpointInfo, dict[str, Any], dict[str, Any]] | None:
+        """The newest in-memory snapshot, where one is newer than the newest checkpoint on disk."""
+        from slurmddp.job.checkpoint import CheckpointInfo
+
+        if self.snapshots is None:
+            return None
+        disk = self.store.latest()
+        restored = self.snapshots.restore(disk.step if disk is not None else None)
+        if restored is None:
+            return None
+        loaded = restored.loaded
+        self._reload = restored.shared
+        info = CheckpointInfo(loaded.step, Path(restored.where), loaded.world_size, loaded.taken_at)
+        return info, loaded.shared, loaded.locals[self.rank]
 
     def _load_intact(self) -> tuple[CheckpointInfo, dict[str, Any], dict[str, Any]] | None:
         """The newest checkpoint that every rank loaded, with this rank's (shared, local) state;
@@ -339,6 +364,8 @@ class TrainLoop:
                 self.telemetry.step(data_s, time.perf_counter() - began)
         if self._watchdog is not None:
             self._watchdog.rest()
+        if self.snapshots is not None:
+            self.snapshots.clear()
         if self.rank == 0:
             self._progress(force=True)
         self._say_skipped(self._settle())
@@ -397,7 +424,11 @@ class TrainLoop:
                 yield self.step if self.data is None else (self.step, copy.deepcopy(batch))
         finally:
             self.priming = False
-        shared, _ = self.store.load(self._resumed, verify_checksums=False)
+        if self._reload is not None:
+            shared = self._reload()
+            self._reload = None
+        else:
+            shared, _ = self.store.load(self._resumed, verify_checksums=False)
         self._apply(shared)
         restore_rng_state(rng)
         for module in self._ddp_modules:
@@ -423,11 +454,7 @@ class TrainLoop:
         no_room = _first(_every_rank(self.store.space_problem()))
         if no_room is not None:
             return self.step, no_room
-        shared = None
-        if self.rank == 0:
-            shared = {name: obj.state_dict() for name, obj in self.objects.items()}
-            shared["extra"] = dict(self.extra)
-            shared["loop"] = dict(self.settings)
+        shared = self._shared_state() if self.rank == 0 else None
         mine = None
         try:
             self.store.save(self.step, shared, {"rng": capture_rng_state()})
@@ -444,6 +471,13 @@ class TrainLoop:
         self._saved_at = time.monotonic()
         self._saved_step = self.step
         return None
+
+    def _shared_state(self) -> dict[str, Any]:
+        """What every rank holds alike under DDP: the objects' state, the user's extras, the settings."""
+        shared = {name: obj.state_dict() for name, obj in self.objects.items()}
+        shared["extra"] = dict(self.extra)
+        shared["loop"] = dict(self.settings)
+        return shared
 
     def _settle(self) -> Unsaved | None:
         """Wait for this rank's save in flight and agree with every rank on how it went: its step
@@ -483,7 +517,7 @@ class TrainLoop:
     def _boundary(self) -> None:
         import torch.distributed as tdist
 
-        stop, timed_save, record = self._agreed()
+        stop, timed_save, record, snapshot = self._agreed()
         if self.rank == 0:
             self._progress()
         if stop:
@@ -494,9 +528,15 @@ class TrainLoop:
             # the job at once) as soon as it is out of the loop.
             tdist.barrier()
             self._record_stop(stop)
+            if self.snapshots is not None:
+                self.snapshots.clear()
             raise StopForRequeue(self.step, stop)
         if timed_save or (self.every_steps and self.step % self.every_steps == 0 and self.step > 0):
             self.save()
+            if self.snapshots is not None:
+                self.snapshots.kept(self.step)
+        elif snapshot and self.snapshots is not None:
+            self._snapshot(self.snapshots)
         if record and self.telemetry is not None:
             self.telemetry.exchange(self.step)
         self._flags[0] = signals.received() or 0
@@ -504,16 +544,27 @@ class TrainLoop:
             self.rank == 0 and self.every_s > 0 and time.monotonic() - self._saved_at >= self.every_s
         )
         self._flags[2] = int(self.rank == 0 and self.telemetry is not None and self.telemetry.due())
+        snapshots = self.snapshots
+        self._flags[3] = int(
+            self.rank == 0 and snapshots is not None and snapshots.due_after(self.step, self.first_step)
+        )
+        self._flags[4] = int(snapshots is not None and snapshots.busy())
         self._pending = tdist.all_reduce(self._flags, op=tdist.ReduceOp.MAX, async_op=True)
 
-    def _agreed(self) -> tuple[int, bool, bool]:
-        """The flags every rank reported at the previous boundary."""
+    def _agreed(self) -> tuple[int, bool, bool, bool]:
+        """The flags every rank reported at the previous boundary: a stop, a timed checkpoint, a
+        telemetry record, and an in-memory snapshot (due, and no node still writing the last)."""
         if self._pending is None:
-            return 0, False, False
+            return 0, False, False, False
         self._pending.wait()
         self._pending = None
-        stop, timed_save, record = self._flags.tolist()
-        return int(stop), bool(timed_save), bool(record)
+        stop, timed_save, record, snapshot, writing = self._flags.tolist()
+        return int(stop), bool(timed_save), bool(record), bool(snapshot) and not writing
+
+    def _snapshot(self, snapshots: Snapshots) -> None:
+        from slurmddp.job.checkpoint import capture_rng_state
+
+        snapshots.take(self.step, self._shared_state, {"rng": capture_rng_state()})
 
     def _drain(self) -> None:
         # The last boundary's all-reduce must finish before the process group goes away.

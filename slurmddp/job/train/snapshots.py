@@ -1,0 +1,194 @@
+"""In-memory snapshots for the training loop: when to take one, taking it, and restarting from one.
+
+Every few steps all ranks gather their own state (RNG streams) and each node's local rank 0 copies
+the state every rank shares under DDP (model, optimizer, ...) plus all ranks' own into the node's
+memory (job/checkpoint/memory.py), writing it off the training path. A crash restarted in the
+allocation then resumes from the newest snapshot any node holds instead of the last checkpoint on
+disk; a node that holds none (a spare that replaced a lost node) gets it from one that does.
+
+How often: `checkpoint.snapshot_every_steps`, or, unset, as often as keeps a snapshot's measured
+cost under 1% of the step time (job/train/cadence.py). Rank 0 decides and says so in the loop's
+boundary all-reduce, with each node's "still writing" flag, so every rank takes the same snapshots
+at the same steps without a collective of their own.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from slurmddp.defaults import SNAPSHOTS_ENV
+from slurmddp.errors import CheckpointError
+from slurmddp.job.checkpoint.memory import Loaded, NodeSnapshots, file_name, load
+from slurmddp.job.train.cadence import Cadence
+
+if TYPE_CHECKING:
+    from slurmddp.experiment.schema import Checkpoint
+    from slurmddp.job.process.distenv import DistEnv
+
+
+@dataclass(frozen=True)
+class Restored:
+    """The snapshot a restarted attempt resumes from."""
+
+    loaded: Loaded
+    where: str
+    """The file it came from, on the first node that had it."""
+    blob: bytes
+
+    def shared(self) -> dict[str, Any]:
+        """A fresh copy of the shared state (the priming step changes what was applied)."""
+        return load(self.blob).shared
+
+
+def node_folder(env: Mapping[str, str]) -> Path | None:
+    """This node's snapshot folder, where the batch script set one up."""
+    base = env.get(SNAPSHOTS_ENV)
+    if not base:
+        return None
+    return Path(base) / (env.get("SLURMD_NODENAME") or socket.gethostname())
+
+
+class Snapshots:
+    """One rank's part in the run's in-memory snapshots."""
+
+    def __init__(self, folder: Path, dist: DistEnv, every: int | None) -> None:
+        self.rank = dist.rank
+        self.world_size = dist.world_size
+        self.node = NodeSnapshots(folder) if dist.local_rank == 0 else None
+        """This node's snapshots, on the rank that writes them."""
+        self.reader = NodeSnapshots(folder)
+        self.cadence = Cadence(every)
+        """When to take one: rank 0's to decide."""
+        self.taken = 0
+        """Snapshots rank 0 took in this attempt."""
+
+    @classmethod
+    def open(cls, env: Mapping[str, str], settings: Checkpoint, dist: DistEnv) -> Snapshots | None:
+        folder = node_folder(env)
+        if folder is None or settings.snapshot_every_steps == 0 or dist.world_size < 2:
+            return None
+        return cls(folder, dist, settings.snapshot_every_steps)
+
+    # -- when -----------------------------------------------------------------------------------
+
+    def due_after(self, step: int, first_step: int) -> bool:
+        """Rank 0, at the boundary before `step`: should every rank take one at the next boundary
+        (after `step + 1` steps)?"""
+        return self.cadence.due_after(step, time.perf_counter(), self.busy(), first_step)
+
+    def busy(self) -> bool:
+        """This node is still writing the last one (the next waits until no node is)."""
+        return self.node is not None and self.node.busy()
+
+    def kept(self, step: int) -> None:
+        """A state as new as `step` is kept (a checkpoint, or the start)."""
+        self.cadence.took(step, None)
+
+    # -- taking ---------------------------------------------------------------------------------
+
+    def take(self, step: int, shared: Callable[[], dict[str, Any]], local: dict[str, Any]) -> None:
+        """Every rank at the same boundary: gather the ranks' own state; each node's writer copies
+        and starts writing. A snapshot that cannot be written is warned of once and training goes on."""
+        from slurmddp.job.train.metrics import gather
+
+        began = time.perf_counter()
+        locals_ = gather(local)
+        if self.node is None:
+            self.cadence.took(step, None)
+            return
+        try:
+            # The previous one's error, if it had one, comes out here.
+            self.node.start(step, self.world_size, shared(), locals_)
+        except (CheckpointError, OSError) as exc:
+            # This node stops taking them (the others go on); a restart finds a node that has one.
+            self.node = None
+            print(
+                f"slurmddp: warning: rank {self.rank}: an in-memory snapshot was not written, and this "
+                f"node takes no more: {exc}",
+                flush=True,
+            )
+            return
+        self.cadence.write_s = self.node.write_s
+        self.cadence.took(step, time.perf_counter() - began)
+        self.taken += 1
+        if self.rank == 0 and self.taken == 3:
+            # By the third, the first write's effect on the steps it overlapped is measured.
+            self._say_interval()
+
+    def _say_interval(self) -> None:
+        cadence = self.cadence
+        how = (
+            "checkpoint.snapshot_every_steps"
+            if cadence.every is not None
+            else f"chosen: one costs {1000 * (cadence.cost_s() or 0):.2f} ms, "
+            f"{1000 * (cadence.sync_s or 0):.2f} of it on the training path; a step "
+            f"{1000 * (cadence.idle_step_s or 0):.1f} ms"
+        )
+        print(f"slurmddp: in-memory snapshots every {cadence.interval()} steps ({how})", flush=True)
+
+    def clear(self) -> None:
+        """The run saved what it needs on disk, or ended: free the node's memory."""
+        if self.node is not None:
+            self.node.clear()
+
+    # -- restarting -----------------------------------------------------------------------------
+
+    def restore(self, disk_step: int | None) -> Restored | None:
+        """Every rank: the newest snapshot any node holds, when it is newer than the newest
+        checkpoint on disk (`disk_step`), loaded on every rank (sent by a node that holds it to
+        those that do not); None when there is none, or any rank could not load it."""
+        import torch.distributed as tdist
+
+        from slurmddp.job.train.metrics import gather
+
+        untrusted = self.reader.untrusted()
+        if untrusted is not None:
+            print(
+                f"slurmddp: warning: rank {self.rank}: not reading in-memory snapshots: {untrusted}",
+                flush=True,
+            )
+        mine = self.reader.newest() if untrusted is None else None
+        found: list[tuple[int | None, str]] = gather((mine, str(self.reader.folder)))
+        seen = [step for step, _ in found]
+        held = [step for step in seen if step is not None]
+        if not held or (disk_step is not None and disk_step >= max(held)):
+            return None
+        step = max(held)
+        source = seen.index(step)
+        blob: bytes | None = None
+        problem: str | None = None
+        if mine == step:
+            try:
+                blob = self.reader.read(step)
+            except OSError as exc:
+                problem = f"cannot read {self.reader.path(step)}: {exc}"
+        if any(other != step for other in seen):
+            box = [blob if self.rank == source else None]
+            tdist.broadcast_object_list(box, src=source)
+            blob = blob if blob is not None else box[0]
+        loaded = None
+        if blob is None:
+            problem = problem or f"rank {source} could not send the snapshot of step {step}"
+        else:
+            try:
+                loaded = load(blob)
+            except CheckpointError as exc:
+                problem = str(exc)
+            if loaded is not None and loaded.world_size != self.world_size:
+                problem = f"it was taken by {loaded.world_size} ranks, this attempt has {self.world_size}"
+        problems = [text for text in gather(problem) if text is not None]
+        if problems:
+            if self.rank == 0:
+                print(
+                    f"slurmddp: not resuming from the in-memory snapshot of step {step}: {problems[0]}; "
+                    "from the newest checkpoint instead",
+                    flush=True,
+                )
+            return None
+        assert loaded is not None and blob is not None
+        return Restored(loaded, str(Path(found[source][1]) / file_name(step)), blob)

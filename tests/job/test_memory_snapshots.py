@@ -1,0 +1,130 @@
+"""A node's in-memory snapshots (job/checkpoint/memory.py) and when the loop takes them
+(job/train/snapshots.py), without a process group."""
+
+from __future__ import annotations
+
+import itertools
+import os
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from slurmddp.errors import ConfigError
+from slurmddp.experiment.schema import Checkpoint
+from slurmddp.job.checkpoint.memory import NodeSnapshots, load
+from slurmddp.job.train.cadence import Cadence
+from slurmddp.job.train.snapshots import Snapshots, node_folder
+
+
+def node(tmp_path: Path) -> NodeSnapshots:
+    """SNAPSHOT_DIR/slurmddp-UID/JOB.RESTART/NODE, SNAPSHOT_DIR being `tmp_path`."""
+    return NodeSnapshots(tmp_path / f"slurmddp-{os.getuid()}" / "7.0" / "node1")
+
+
+def test_only_the_newest_snapshot_stays_and_holds_what_was_copied_before_the_originals_changed(
+    tmp_path: Path,
+) -> None:
+    snapshots = node(tmp_path)
+    weights = torch.arange(4.0)
+    for step in (4, 8):
+        snapshots.start(step, 2, {"model": {"w": weights}}, [{"rng": step}, {"rng": step + 1}])
+        # The caller trains on as soon as start() returns: the snapshot keeps the values it copied.
+        weights += 100
+        snapshots.wait()
+    assert sorted(p.name for p in snapshots.folder.iterdir()) == ["step-00000008.pt"]
+    assert snapshots.newest() == 8
+    loaded = load(snapshots.read(8))
+    assert loaded.step == 8 and loaded.world_size == 2 and loaded.locals == [{"rng": 8}, {"rng": 9}]
+    assert torch.equal(loaded.shared["model"]["w"], torch.arange(4.0) + 100)
+    # Every level made is this user's alone.
+    for level in [snapshots.folder, *snapshots.folder.parents][:3]:
+        assert level.stat().st_mode & 0o077 == 0, level
+
+
+def test_a_write_cut_off_midway_is_not_a_snapshot(tmp_path: Path) -> None:
+    snapshots = node(tmp_path)
+    snapshots.start(4, 1, {"model": {"w": torch.ones(2)}}, [{}])
+    snapshots.wait()
+    (snapshots.folder / ".writing-123-step-00000008.pt").write_bytes(b"half")
+    assert snapshots.newest() == 4
+    snapshots.start(12, 1, {"model": {"w": torch.ones(2)}}, [{}])
+    snapshots.wait()
+    assert sorted(p.name for p in snapshots.folder.iterdir()) == ["step-00000012.pt"]
+
+
+def test_a_folder_another_user_could_have_made_is_neither_read_nor_written(tmp_path: Path) -> None:
+    snapshots = node(tmp_path)
+    snapshots.start(4, 1, {"model": {"w": torch.ones(2)}}, [{}])
+    snapshots.wait()
+    job = snapshots.folder.parent
+    job.chmod(0o777)
+    assert "is not a folder of this user's alone" in str(snapshots.untrusted())
+    snapshots.start(8, 1, {"model": {"w": torch.ones(2)}}, [{}])
+    with pytest.raises(Exception, match=r"7\.0 is not a folder of this user's alone .*remove it"):
+        snapshots.wait()
+    assert snapshots.newest() == 4
+
+
+def test_clear_frees_the_nodes_memory(tmp_path: Path) -> None:
+    snapshots = node(tmp_path)
+    snapshots.start(4, 1, {"model": {"w": torch.ones(2)}}, [{}])
+    snapshots.clear()
+    assert not snapshots.folder.exists() and snapshots.newest() is None
+
+
+def test_a_state_torch_cannot_read_back_safely_is_refused_at_the_copy(tmp_path: Path) -> None:
+    with pytest.raises(Exception, match=r"shared\['model'\]\['w'\]: a set holding"):
+        node(tmp_path).start(4, 1, {"model": {"w": {object()}}}, [{}])
+
+
+def dist(rank: int = 0, local_rank: int = 0, world_size: int = 4) -> SimpleNamespace:
+    return SimpleNamespace(rank=rank, local_rank=local_rank, world_size=world_size)
+
+
+def test_snapshots_are_taken_only_where_the_batch_script_set_their_folder_up(tmp_path: Path) -> None:
+    env = {"SLURMDDP_SNAPSHOTS": str(tmp_path), "SLURMD_NODENAME": "node3"}
+    assert node_folder(env) == tmp_path / "node3"
+    assert Snapshots.open({}, Checkpoint(), dist()) is None  # type: ignore[arg-type]
+    assert Snapshots.open(env, Checkpoint(snapshot_every_steps=0), dist()) is None  # type: ignore[arg-type]
+    # One rank has nobody to lose its state to: its checkpoints are what a restart has.
+    assert Snapshots.open(env, Checkpoint(), dist(world_size=1)) is None  # type: ignore[arg-type]
+    writer = Snapshots.open(env, Checkpoint(), dist())  # type: ignore[arg-type]
+    reader = Snapshots.open(env, Checkpoint(), dist(rank=1, local_rank=1))  # type: ignore[arg-type]
+    assert writer is not None and writer.node is not None
+    assert reader is not None and reader.node is None
+
+
+def test_the_chosen_interval_keeps_the_measured_cost_under_one_percent_of_a_step() -> None:
+    """Steps of 10 ms, 12 ms while a write is in flight (two steps a write), a snapshot's own part
+    1 ms: 1 + 2 x 2 = 5 ms a snapshot, every 50 steps."""
+    cadence = Cadence()
+    now, due = 0.0, []
+    busy_until = -1
+    for step in range(400):
+        busy = step < busy_until
+        if cadence.due_after(step, now, busy, first_step=0):
+            due.append(step + 1)
+        now += 0.012 if busy else 0.010
+        if due and due[-1] == step + 1:
+            cadence.write_s = 0.008
+            cadence.took(step + 1, 0.001)
+            busy_until = step + 3
+            now += 0.001
+    # The first as soon as a step was timed; its write's two slower steps are measured before the
+    # next is due, so the measured cost decides from the second on (the write's own 8 ms would
+    # have made it every 90 steps).
+    assert due[0] == 3, due
+    assert cadence.write_steps == pytest.approx(2.0)
+    assert cadence.cost_s() == pytest.approx(0.005, rel=0.01)
+    gaps = [b - a for a, b in itertools.pairwise(due)]
+    assert set(gaps) <= {50, 51} and len(due) == 8, due
+    assert Cadence(every=10).interval() == 10
+
+
+def test_snapshot_dir_must_be_an_absolute_path() -> None:
+    with pytest.raises(ConfigError, match=r"checkpoint.snapshot_dir: 'shm' is not an absolute path"):
+        Checkpoint(snapshot_dir="shm")
+    with pytest.raises(ConfigError, match=r"checkpoint.snapshot_every_steps: must be >= 0"):
+        Checkpoint(snapshot_every_steps=-1)
