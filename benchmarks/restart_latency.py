@@ -16,11 +16,14 @@ The scenarios alternate, --rounds runs each. Per run and as medians it prints:
                 script decided)
     relaunch    the end record -> the next attempt's begin record
     first step  that begin -> the restarted attempt's first progress record (its first step done)
+    redone      the step the crash stopped the attempt at (its end record) less the step the
+                restarted attempt started from (an in-memory snapshot's, or a checkpoint's)
 
 and whether the job went through the queue (sacct shows a REQUEUED incarnation). Every run must
 end COMPLETED with the parameters of an uninterrupted run of the same settings, run first.
 
     python benchmarks/restart_latency.py [--rounds 5] [--example quickstart] [--scenarios in-job,silent]
+        [--snapshot-every N]   # checkpoint.snapshot_every_steps (default: the experiment's, chosen)
 """
 
 from __future__ import annotations
@@ -43,7 +46,7 @@ from labjobs import ROOT, SYNTHETIC, ends, gone, job_id, read_json, step, submit
 
 from slurmddp.cluster import hostlist
 
-Row = tuple[float, float, float, bool]
+Row = tuple[float, float, float, bool, int]
 
 
 def rank_pid(run: Path, rank: int) -> int:
@@ -89,18 +92,19 @@ def digest(run: Path) -> str:
     return str(json.loads((run / "result.json").read_text())["result"]["param_sha256"])
 
 
-def uninterrupted(out: Path, example: str) -> str:
+def uninterrupted(out: Path, example: str, extra: tuple[str, ...]) -> str:
     experiment, settings = EXAMPLES[example]
-    run = submit(out, *settings, experiment=experiment)
+    run = submit(out, *settings, *extra, experiment=experiment)
     wait_for("the uninterrupted run", lambda: gone(job_id(run)), timeout=900)
     return digest(run)
 
 
-def one(out: Path, example: str, scenario: str, kill_at: int, reference: str) -> Row:
+def one(out: Path, example: str, scenario: str, kill_at: int, reference: str, extra: tuple[str, ...]) -> Row:
     experiment, settings = EXAMPLES[example]
     run = submit(
         out,
         *settings,
+        *extra,
         f"requeue.in_job_restarts={0 if scenario == 'queue' else 3}",
         f"resources.spare_nodes={1 if scenario in SPARE else 0}",
         experiment=experiment,
@@ -149,6 +153,7 @@ def one(out: Path, example: str, scenario: str, kill_at: int, reference: str) ->
         began["time"] - end["time"],
         first["time"] - began["time"],
         requeued(job_id(run)),
+        end["step"] - first["started_step"],
     )
 
 
@@ -194,29 +199,34 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--scenarios", default="in-job,queue,spare")
     parser.add_argument("--example", choices=sorted(EXAMPLES), default="synthetic")
+    parser.add_argument("--snapshot-every", type=int, default=None)
     args = parser.parse_args()
+    extra = () if args.snapshot_every is None else (f"checkpoint.snapshot_every_steps={args.snapshot_every}",)
     rows: dict[str, list[Row]] = {name: [] for name in args.scenarios.split(",")}
     chooser = random.Random(26)
     with tempfile.TemporaryDirectory(dir=Path.cwd()) as tmp:
-        reference = uninterrupted(Path(tmp), args.example)
+        reference = uninterrupted(Path(tmp), args.example, extra)
         for round_ in range(args.rounds):
             for name in rows:
                 kill_at = chooser.randrange(150, 450)
-                row = one(Path(tmp), args.example, name, kill_at, reference)
+                row = one(Path(tmp), args.example, name, kill_at, reference, extra)
                 rows[name].append(row)
-                teardown, relaunch, first, queued = row
+                teardown, relaunch, first, queued, redone = row
                 print(
                     f"round {round_ + 1} {name:6} killed at step {kill_at}: teardown {teardown:.1f} s, "
                     f"relaunch {relaunch:.1f} s, first step {first:.1f} s, total {sum(row[:3]):.1f} s, "
+                    f"{redone} steps redone, "
                     f"{'through the queue (REQUEUED)' if queued else 'no requeue'}, bit-identical",
                     flush=True,
                 )
     for name, values in rows.items():
         medians = [statistics.median(v[i] for v in values) for i in range(3)]
         total = statistics.median(sum(v[:3]) for v in values)
+        redone = statistics.median(v[4] for v in values)
         print(
             f"{name:6} median of {len(values)}: teardown {medians[0]:.1f} s, relaunch {medians[1]:.1f} s, "
-            f"first step {medians[2]:.1f} s, kill -> first step {total:.1f} s"
+            f"first step {medians[2]:.1f} s, kill -> first step {total:.1f} s, steps redone {redone:g} "
+            f"(range {min(v[4] for v in values)}-{max(v[4] for v in values)})"
         )
 
 
