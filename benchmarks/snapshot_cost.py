@@ -31,9 +31,8 @@ QUICKSTART = ROOT / "examples" / "quickstart.yaml"
 
 def node_bytes(job: str) -> dict[str, int]:
     """Bytes in each node's snapshot folder of `job`'s first allocation now."""
-    folder = Path("/dev/shm") / f"slurmddp-{os.getuid()}" / f"{job}.0"
     sizes: dict[str, int] = {}
-    if folder.is_dir():
+    for folder in (Path("/dev/shm") / f"slurmddp-{os.getuid()}").glob(f"{job}.0-*"):
         for node in folder.iterdir():
             sizes[node.name] = sum(f.stat().st_size for f in node.iterdir() if f.is_file())
     return sizes

@@ -80,7 +80,7 @@ def test_a_state_torch_cannot_read_back_safely_is_refused_at_the_copy(tmp_path: 
 
 
 def dist(rank: int = 0, local_rank: int = 0, world_size: int = 4) -> SimpleNamespace:
-    return SimpleNamespace(rank=rank, local_rank=local_rank, world_size=world_size)
+    return SimpleNamespace(rank=rank, local_rank=local_rank, world_size=world_size, in_job_restart=0)
 
 
 def test_snapshots_are_taken_only_where_the_batch_script_set_their_folder_up(tmp_path: Path) -> None:

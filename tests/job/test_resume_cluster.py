@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import signal
 import subprocess
 import time
@@ -247,7 +248,8 @@ def test_a_node_lost_under_the_job_is_swapped_for_its_spare_inside_the_allocatio
     # The spare held no snapshot: its ranks got the first node's, with their own random streams.
     log = "".join(p.read_text() for p in (run / "logs").glob("*_0_log.out"))
     (resumed,) = [line for line in log.splitlines() if "resumed from" in line]
-    assert f"in-memory snapshot /dev/shm/slurmddp-{os.getuid()}/{job}.0/{first_nodes[0]}/" in resumed, resumed
+    folder = rf"/dev/shm/slurmddp-{os.getuid()}/{job}\.0-[0-9a-f-]{{36}}/{first_nodes[0]}/"
+    assert re.search(f"in-memory snapshot {folder}step-", resumed), resumed
 
 
 def sacct(env: dict[str, str], job: str, *options: str) -> list[tuple[str, str]]:

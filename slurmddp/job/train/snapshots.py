@@ -62,6 +62,7 @@ class Snapshots:
         self.node = NodeSnapshots(folder) if dist.local_rank == 0 else None
         """This node's snapshots, on the rank that writes them."""
         self.reader = NodeSnapshots(folder)
+        self.first_of_allocation = dist.in_job_restart == 0
         self.cadence = Cadence(every)
         """When to take one: rank 0's to decide."""
         self.taken = 0
@@ -146,6 +147,9 @@ class Snapshots:
 
         from slurmddp.job.train.metrics import gather
 
+        if self.first_of_allocation:
+            # The folder is this allocation's own: nothing in it can be for this attempt.
+            return None
         untrusted = self.reader.untrusted()
         if untrusted is not None:
             print(

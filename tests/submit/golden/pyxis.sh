@@ -27,7 +27,9 @@ trap 'echo "slurmddp: batch script got SIGTERM" >&2' TERM
 # node's memory; one task per node removes it when the job ends, as it ends (Slurm signals every
 # step then). Started before the first step is placed: every node of the allocation, spares too.
 # --no-kill: a node lost must not end the other nodes' tasks and with them their snapshots.
-export SLURMDDP_SNAPSHOTS=/dev/shm/"slurmddp-$(id -u)/$SLURM_JOB_ID.${SLURM_RESTART_COUNT:-0}"
+# The random part: another cluster's job of the same id may run beside this one (nodes shared by
+# two Slurm installations, a job id used again), and each allocation starts afresh.
+export SLURMDDP_SNAPSHOTS=/dev/shm/"slurmddp-$(id -u)/$SLURM_JOB_ID.${SLURM_RESTART_COUNT:-0}-$(cat /proc/sys/kernel/random/uuid)"
 command srun --overlap --no-kill --kill-on-bad-exit=0 --nodes="$SLURM_JOB_NUM_NODES" --ntasks="$SLURM_JOB_NUM_NODES" \
   --ntasks-per-node=1 --job-name=slurmddp-snapshots --output=/dev/null --error=/dev/null \
   bash -c 'trap "rm -rf \"\$SLURMDDP_SNAPSHOTS\"; exit 0" TERM INT HUP; while :; do sleep 3600 & wait $!; done' &
