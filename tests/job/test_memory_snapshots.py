@@ -70,8 +70,13 @@ def test_a_folder_another_user_could_have_made_is_neither_read_nor_written(tmp_p
 def test_clear_frees_the_nodes_memory(tmp_path: Path) -> None:
     snapshots = node(tmp_path)
     snapshots.start(4, 1, {"model": {"w": torch.ones(2)}}, [{}])
+    other = NodeSnapshots(snapshots.folder.parent / "node2")
+    other.start(4, 1, {"model": {"w": torch.ones(2)}}, [{}])
     snapshots.clear()
     assert not snapshots.folder.exists() and snapshots.newest() is None
+    assert other.newest() == 4
+    other.clear()
+    assert not snapshots.folder.parent.exists()
 
 
 def test_a_state_torch_cannot_read_back_safely_is_refused_at_the_copy(tmp_path: Path) -> None:

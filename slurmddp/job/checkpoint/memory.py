@@ -180,6 +180,9 @@ class NodeSnapshots:
             self._thread.join()
             self._thread = None
         shutil.rmtree(self.folder, ignore_errors=True)
+        # The job's folder too, once no node's is left in it (nodes that share one memory).
+        with contextlib.suppress(OSError):
+            self.folder.parent.rmdir()
 
 
 def load(blob: bytes) -> Loaded:
