@@ -29,8 +29,10 @@ def test_only_the_newest_snapshot_stays_and_holds_what_was_copied_before_the_ori
     snapshots = node(tmp_path)
     weights = torch.arange(4.0)
     for step in (4, 8):
-        snapshots.start(step, 2, {"model": {"w": weights}}, [{"rng": step}, {"rng": step + 1}])
-        # The caller trains on as soon as start() returns: the snapshot keeps the values it copied.
+        snapshots.write(
+            step, 2, snapshots.copy({"model": {"w": weights}}), [{"rng": step}, {"rng": step + 1}]
+        )
+        # The caller trains on as soon as copy() returns: the snapshot keeps the values it copied.
         weights += 100
         snapshots.wait()
     assert sorted(p.name for p in snapshots.folder.iterdir()) == ["step-00000008.pt"]
@@ -45,23 +47,23 @@ def test_only_the_newest_snapshot_stays_and_holds_what_was_copied_before_the_ori
 
 def test_a_write_cut_off_midway_is_not_a_snapshot(tmp_path: Path) -> None:
     snapshots = node(tmp_path)
-    snapshots.start(4, 1, {"model": {"w": torch.ones(2)}}, [{}])
+    snapshots.write(4, 1, snapshots.copy({"model": {"w": torch.ones(2)}}), [{}])
     snapshots.wait()
     (snapshots.folder / ".writing-123-step-00000008.pt").write_bytes(b"half")
     assert snapshots.newest() == 4
-    snapshots.start(12, 1, {"model": {"w": torch.ones(2)}}, [{}])
+    snapshots.write(12, 1, snapshots.copy({"model": {"w": torch.ones(2)}}), [{}])
     snapshots.wait()
     assert sorted(p.name for p in snapshots.folder.iterdir()) == ["step-00000012.pt"]
 
 
 def test_a_folder_another_user_could_have_made_is_neither_read_nor_written(tmp_path: Path) -> None:
     snapshots = node(tmp_path)
-    snapshots.start(4, 1, {"model": {"w": torch.ones(2)}}, [{}])
+    snapshots.write(4, 1, snapshots.copy({"model": {"w": torch.ones(2)}}), [{}])
     snapshots.wait()
     job = snapshots.folder.parent
     job.chmod(0o777)
     assert "is not a folder of this user's alone" in str(snapshots.untrusted())
-    snapshots.start(8, 1, {"model": {"w": torch.ones(2)}}, [{}])
+    snapshots.write(8, 1, snapshots.copy({"model": {"w": torch.ones(2)}}), [{}])
     with pytest.raises(Exception, match=r"7\.0 is not a folder of this user's alone .*remove it"):
         snapshots.wait()
     assert snapshots.newest() == 4
@@ -69,9 +71,9 @@ def test_a_folder_another_user_could_have_made_is_neither_read_nor_written(tmp_p
 
 def test_clear_frees_the_nodes_memory(tmp_path: Path) -> None:
     snapshots = node(tmp_path)
-    snapshots.start(4, 1, {"model": {"w": torch.ones(2)}}, [{}])
+    snapshots.write(4, 1, snapshots.copy({"model": {"w": torch.ones(2)}}), [{}])
     other = NodeSnapshots(snapshots.folder.parent / "node2")
-    other.start(4, 1, {"model": {"w": torch.ones(2)}}, [{}])
+    other.write(4, 1, other.copy({"model": {"w": torch.ones(2)}}), [{}])
     snapshots.clear()
     assert not snapshots.folder.exists() and snapshots.newest() is None
     assert other.newest() == 4
@@ -81,7 +83,7 @@ def test_clear_frees_the_nodes_memory(tmp_path: Path) -> None:
 
 def test_a_state_torch_cannot_read_back_safely_is_refused_at_the_copy(tmp_path: Path) -> None:
     with pytest.raises(Exception, match=r"shared\['model'\]\['w'\]: a set holding"):
-        node(tmp_path).start(4, 1, {"model": {"w": {object()}}}, [{}])
+        node(tmp_path).copy({"model": {"w": {object()}}})
 
 
 def dist(rank: int = 0, local_rank: int = 0, world_size: int = 4) -> SimpleNamespace:
@@ -91,12 +93,12 @@ def dist(rank: int = 0, local_rank: int = 0, world_size: int = 4) -> SimpleNames
 def test_snapshots_are_taken_only_where_the_batch_script_set_their_folder_up(tmp_path: Path) -> None:
     env = {"SLURMDDP_SNAPSHOTS": str(tmp_path), "SLURMD_NODENAME": "node3"}
     assert node_folder(env) == tmp_path / "node3"
-    assert Snapshots.open({}, Checkpoint(), dist()) is None  # type: ignore[arg-type]
-    assert Snapshots.open(env, Checkpoint(snapshot_every_steps=0), dist()) is None  # type: ignore[arg-type]
+    assert Snapshots.open({}, Checkpoint(), dist(), "cpu") is None  # type: ignore[arg-type]
+    assert Snapshots.open(env, Checkpoint(snapshot_every_steps=0), dist(), "cpu") is None  # type: ignore[arg-type]
     # One rank has nobody to lose its state to: its checkpoints are what a restart has.
-    assert Snapshots.open(env, Checkpoint(), dist(world_size=1)) is None  # type: ignore[arg-type]
-    writer = Snapshots.open(env, Checkpoint(), dist())  # type: ignore[arg-type]
-    reader = Snapshots.open(env, Checkpoint(), dist(rank=1, local_rank=1))  # type: ignore[arg-type]
+    assert Snapshots.open(env, Checkpoint(), dist(world_size=1), "cpu") is None  # type: ignore[arg-type]
+    writer = Snapshots.open(env, Checkpoint(), dist(), "cpu")  # type: ignore[arg-type]
+    reader = Snapshots.open(env, Checkpoint(), dist(rank=1, local_rank=1), "cpu")  # type: ignore[arg-type]
     assert writer is not None and writer.node is not None
     assert reader is not None and reader.node is None
 

@@ -105,22 +105,27 @@ class NodeSnapshots:
         """True while the last snapshot is still being written."""
         return self._thread is not None and self._thread.is_alive()
 
-    def start(self, step: int, world_size: int, shared: dict[str, Any], locals_: list[Any]) -> None:
-        """Copy the state (tensors into CPU buffers kept from the last snapshot) and write it in the
-        background; the caller may change the originals once this returns. Raises the previous
+    def copy(self, shared: dict[str, Any]) -> Any:
+        """The shared state's tensors copied into CPU buffers kept from the last snapshot (once its
+        write is done), so the caller may change the originals once this returns. Raises the last
         write's error, if it had one."""
         self.wait()
         snapshot = Snapshot(self._spare)
+        copied = prepare(shared, "shared", snapshot)
+        self._spare = snapshot.taken
+        return copied
+
+    def write(self, step: int, world_size: int, copied: Any, locals_: list[Any]) -> None:
+        """Write what `copy` returned, with every rank's own state, in the background."""
         body = {
             "format": FORMAT,
             "step": step,
             "world_size": world_size,
             "taken_at": time.time(),
-            "shared": prepare(shared, "shared", snapshot),
+            "shared": copied,
             # Gathered from the ranks, so copies already: checked, not copied again.
             "locals": prepare(list(locals_), "locals", None),
         }
-        self._spare = snapshot.taken
         self._thread = threading.Thread(
             target=self._write, args=(step, body), name="slurmddp-snapshot", daemon=True
         )

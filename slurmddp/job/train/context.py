@@ -285,7 +285,7 @@ class RunContext:
                 ddp_modules=self.ddp_modules,
                 watchdog=self.watchdog,
                 telemetry=self._telemetry(feed),
-                snapshots=Snapshots.open(os.environ, self.settings.checkpoint, self.dist),
+                snapshots=Snapshots.open(os.environ, self.settings.checkpoint, self.dist, self.device),
             ),
         )
         return self.active_loop

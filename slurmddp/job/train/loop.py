@@ -518,6 +518,8 @@ class TrainLoop:
         import torch.distributed as tdist
 
         stop, timed_save, record, snapshot = self._agreed()
+        if self.snapshots is not None:
+            self.snapshots.settle()
         if self.rank == 0:
             self._progress()
         if stop:

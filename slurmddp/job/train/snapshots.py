@@ -1,8 +1,11 @@
 """In-memory snapshots for the training loop: when to take one, taking it, and restarting from one.
 
-Every few steps all ranks gather their own state (RNG streams) and each node's local rank 0 copies
-the state every rank shares under DDP (model, optimizer, ...) plus all ranks' own into the node's
-memory (job/checkpoint/memory.py), writing it off the training path. A crash restarted in the
+Every few steps, at a step boundary, each node's local rank 0 copies the state every rank shares
+under DDP (model, optimizer, ...) into CPU buffers, and every rank starts gathering every rank's own
+state (its RNG streams, a fixed-size slot each) without waiting for it; at the next boundary, the
+gather done during the step, the writer writes both into the node's memory
+(job/checkpoint/memory.py) in the background. The training path pays the copy and the pickling
+of a few KB. A crash restarted in the
 allocation then resumes from the newest snapshot any node holds instead of the last checkpoint on
 disk; a node that holds none (a spare that replaced a lost node) gets it from one that does.
 
@@ -14,6 +17,7 @@ at the same steps without a collective of their own.
 
 from __future__ import annotations
 
+import pickle
 import socket
 import time
 from collections.abc import Callable, Mapping
@@ -27,8 +31,24 @@ from slurmddp.job.checkpoint.memory import Loaded, NodeSnapshots, file_name, loa
 from slurmddp.job.train.cadence import Cadence
 
 if TYPE_CHECKING:
+    import torch
+
     from slurmddp.experiment.schema import Checkpoint
     from slurmddp.job.process.distenv import DistEnv
+
+SLOT = 64 * 1024
+"""Bytes a rank's own state may take in a snapshot (its RNG streams take about 10 KB)."""
+_LENGTH = 8
+
+
+@dataclass
+class _Gathering:
+    """A snapshot taken at a boundary, its ranks' own states still on their way."""
+
+    step: int
+    work: Any
+    slots: list[torch.Tensor]
+    copied: Any
 
 
 @dataclass(frozen=True)
@@ -56,7 +76,8 @@ def node_folder(env: Mapping[str, str]) -> Path | None:
 class Snapshots:
     """One rank's part in the run's in-memory snapshots."""
 
-    def __init__(self, folder: Path, dist: DistEnv, every: int | None) -> None:
+    def __init__(self, folder: Path, dist: DistEnv, every: int | None, device: Any) -> None:
+        self.device = device
         self.rank = dist.rank
         self.world_size = dist.world_size
         self.node = NodeSnapshots(folder) if dist.local_rank == 0 else None
@@ -67,13 +88,17 @@ class Snapshots:
         """When to take one: rank 0's to decide."""
         self.taken = 0
         """Snapshots rank 0 took in this attempt."""
+        self._gathering: _Gathering | None = None
 
     @classmethod
-    def open(cls, env: Mapping[str, str], settings: Checkpoint, dist: DistEnv) -> Snapshots | None:
+    def open(
+        cls, env: Mapping[str, str], settings: Checkpoint, dist: DistEnv, device: Any
+    ) -> Snapshots | None:
+        """`device`: where the ranks' collectives run (the gather's slots go there)."""
         folder = node_folder(env)
         if folder is None or settings.snapshot_every_steps == 0 or dist.world_size < 2:
             return None
-        return cls(folder, dist, settings.snapshot_every_steps)
+        return cls(folder, dist, settings.snapshot_every_steps, device)
 
     # -- when -----------------------------------------------------------------------------------
 
@@ -93,33 +118,69 @@ class Snapshots:
     # -- taking ---------------------------------------------------------------------------------
 
     def take(self, step: int, shared: Callable[[], dict[str, Any]], local: dict[str, Any]) -> None:
-        """Every rank at the same boundary: gather the ranks' own state; each node's writer copies
-        and starts writing. A snapshot that cannot be written is warned of once and training goes on."""
-        from slurmddp.job.train.metrics import gather
+        """Every rank at the same boundary: start gathering the ranks' own state; each node's writer
+        copies the shared state. `settle` at the next boundary writes them."""
+        import torch
+        import torch.distributed as tdist
 
         began = time.perf_counter()
-        locals_ = gather(local)
-        if self.node is None:
-            self.cadence.took(step, None)
-            return
-        try:
-            # The previous one's error, if it had one, comes out here.
-            self.node.start(step, self.world_size, shared(), locals_)
-        except (CheckpointError, OSError) as exc:
-            # This node stops taking them (the others go on); a restart finds a node that has one.
-            self.node = None
-            print(
-                f"slurmddp: warning: rank {self.rank}: an in-memory snapshot was not written, and this "
-                f"node takes no more: {exc}",
-                flush=True,
-            )
-            return
-        self.cadence.write_s = self.node.write_s
+        payload = pickle.dumps(local, protocol=pickle.HIGHEST_PROTOCOL)
+        slot = torch.zeros(SLOT, dtype=torch.uint8)
+        # The length first; -1: more than a slot holds (the writers then write nothing).
+        fits = len(payload) <= SLOT - _LENGTH
+        slot[:_LENGTH] = torch.frombuffer(
+            bytearray((len(payload) if fits else -1).to_bytes(_LENGTH, "little", signed=True)),
+            dtype=torch.uint8,
+        )
+        if fits:
+            slot[_LENGTH : _LENGTH + len(payload)] = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
+        slot = slot.to(self.device)
+        slots = [torch.empty_like(slot) for _ in range(self.world_size)]
+        work = tdist.all_gather(slots, slot, async_op=True)
+        copied = None
+        if self.node is not None:
+            try:
+                # The previous write's error, if it had one, comes out here.
+                copied = self.node.copy(shared())
+            except (CheckpointError, OSError) as exc:
+                self._stop_writing(exc)
+        self._gathering = _Gathering(step, work, slots, copied)
+        self.cadence.write_s = self.node.write_s if self.node is not None else 0.0
         self.cadence.took(step, time.perf_counter() - began)
         self.taken += 1
         if self.rank == 0 and self.taken == 3:
             # By the third, the first write's effect on the steps it overlapped is measured.
             self._say_interval()
+
+    def settle(self) -> None:
+        """Every rank, at each boundary: the gather started at the last one is done (during the
+        step); the writer starts writing the snapshot."""
+        gathering, self._gathering = self._gathering, None
+        if gathering is None:
+            return
+        gathering.work.wait()
+        if self.node is None or gathering.copied is None:
+            return
+        locals_ = []
+        for rank, slot in enumerate(gathering.slots):
+            data = slot.cpu().numpy().tobytes()
+            length = int.from_bytes(data[:_LENGTH], "little", signed=True)
+            if length < 0:
+                self._stop_writing(
+                    CheckpointError(f"rank {rank}'s own state (RNG streams) takes more than {SLOT} bytes")
+                )
+                return
+            locals_.append(pickle.loads(data[_LENGTH : _LENGTH + length]))
+        self.node.write(gathering.step, self.world_size, gathering.copied, locals_)
+
+    def _stop_writing(self, why: Exception) -> None:
+        # This node takes no more (the others go on); a restart finds a node that has one.
+        self.node = None
+        print(
+            f"slurmddp: warning: rank {self.rank}: an in-memory snapshot was not written, and this "
+            f"node takes no more: {why}",
+            flush=True,
+        )
 
     def _say_interval(self) -> None:
         cadence = self.cadence
@@ -133,7 +194,11 @@ class Snapshots:
         print(f"slurmddp: in-memory snapshots every {cadence.interval()} steps ({how})", flush=True)
 
     def clear(self) -> None:
-        """The run saved what it needs on disk, or ended: free the node's memory."""
+        """Every rank: the run saved what it needs on disk, or ended: free the node's memory."""
+        if self._gathering is not None:
+            # A collective every rank started: finished here, before the process group goes.
+            self._gathering.work.wait()
+            self._gathering = None
         if self.node is not None:
             self.node.clear()
 
