@@ -52,6 +52,12 @@ class Cadence:
         if sync_s is not None:
             self.sync_s = sync_s
 
+    def settled(self, seconds: float) -> None:
+        """The last snapshot's part at the next boundary (waiting for the gather, starting the
+        write) was on the training path too."""
+        if self.sync_s is not None:
+            self.sync_s += seconds
+
     def cost_s(self) -> float | None:
         """What one snapshot costs the training; None before one was taken."""
         if self.sync_s is None:

@@ -158,6 +158,13 @@ class Snapshots:
         gathering, self._gathering = self._gathering, None
         if gathering is None:
             return
+        began = time.perf_counter()
+        try:
+            self._write(gathering)
+        finally:
+            self.cadence.settled(time.perf_counter() - began)
+
+    def _write(self, gathering: _Gathering) -> None:
         gathering.work.wait()
         if self.node is None or gathering.copied is None:
             return
