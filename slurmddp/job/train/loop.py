@@ -6,7 +6,8 @@
         ...one training step on this rank's share of the global batch...
 
 At each step boundary the ranks exchange one small all-reduce that carries "a stop signal arrived",
-"a timed checkpoint is due" and "a telemetry record is due". It is started at one boundary and read
+"a timed checkpoint is due", "a telemetry record is due", "an in-memory snapshot is due" and "a
+node is still writing the last snapshot" (job/train/snapshots.py). It is started at one boundary and read
 at the next, so it never waits on the network; since every rank reads the same reduced value at the
 same boundary, all ranks stop (or save) at the same step, one step after the signal.
 
@@ -221,7 +222,7 @@ class TrainLoop:
         """The newest in-memory snapshot, where one is newer than the newest checkpoint on disk."""
         from slurmddp.job.checkpoint import CheckpointInfo
 
-        if self.snapshots is None:
+        if self.snapshots is None or self.snapshots.first_of_allocation:
             return None
         disk = self.store.latest()
         restored = self.snapshots.restore(disk.step if disk is not None else None)
@@ -339,6 +340,9 @@ class TrainLoop:
 
     def __iter__(self) -> Iterator[Any]:
         primes = self._primes_needed()
+        if not primes:
+            # The snapshot a resume came from is needed again only after a priming step.
+            self._reload = None
         if self.telemetry is not None:
             self.telemetry.start(self._measured_modules())
         while self.step < self.total_steps:
