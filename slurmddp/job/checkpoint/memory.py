@@ -66,8 +66,6 @@ class NodeSnapshots:
         self._error: BaseException | None = None
         self.write_s = 0.0
         """Seconds the last write took, off the training path."""
-        self.size = 0
-        """Bytes of the newest snapshot written here."""
 
     def untrusted(self) -> str | None:
         """Why this node's folder may hold what another user put there (None: it is ours alone, or
@@ -160,14 +158,14 @@ class NodeSnapshots:
             if free < len(data):
                 raise CheckpointError(
                     f"{self.folder} has {free} bytes free and a snapshot takes {len(data)}; give "
-                    "checkpoint.snapshot_dir a folder with room for two snapshots, or set "
+                    "checkpoint.snapshot_dir a folder with room for two snapshots (the newest stays "
+                    "while the next is written), or set "
                     "checkpoint.snapshot_every_steps=0"
                 )
             with open(temp, "wb") as out:
                 out.write(data)
             # No fsync: the folder is memory, and a snapshot need not outlive the node.
             os.replace(temp, self.path(step))
-            self.size = len(data)
             for name in _names(self.folder):
                 match = _FILE.match(name)
                 # Older snapshots, and what an attempt killed mid-write left.
