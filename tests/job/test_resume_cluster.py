@@ -34,6 +34,21 @@ STEPS = 1000
 COMMON = [f"train.steps={STEPS}", "train.log_every=100"]
 SNAPSHOT_EVERY = 20
 
+
+def snapshots_in(tmp_path: Path) -> list[str]:
+    """Snapshots every SNAPSHOT_EVERY steps, in a folder of the test's own (not the host's /dev/shm)."""
+    (tmp_path / "shm").mkdir()
+    return [
+        f"checkpoint.snapshot_every_steps={SNAPSHOT_EVERY}",
+        f"checkpoint.snapshot_dir={tmp_path / 'shm'}",
+    ]
+
+
+def snapshots_left(tmp_path: Path) -> list[Path]:
+    """What the jobs' snapshot folders still hold (the task per node removes them at the job's end)."""
+    return list((tmp_path / "shm").glob(f"slurmddp-{os.getuid()}/*"))
+
+
 pytestmark = [pytest.mark.slurm, pytest.mark.lab_generation("24.11")]
 
 
@@ -143,7 +158,7 @@ def test_a_killed_rank_restarts_inside_the_allocation_then_through_the_queue(
         tmp_path / "runs",
         *COMMON,
         "checkpoint.every_steps=150",
-        f"checkpoint.snapshot_every_steps={SNAPSHOT_EVERY}",
+        *snapshots_in(tmp_path),
         "requeue.in_job_restarts=1",
     )
     job = run_job_id(run)
@@ -199,6 +214,8 @@ def test_a_killed_rank_restarts_inside_the_allocation_then_through_the_queue(
         assert in_memory or step % 150 == 0, resumed
         assert crashed - 2 * SNAPSHOT_EVERY - 1 <= step <= crashed, (resumed, first["step"], second["step"])
     assert not resumed[-1][1] and resumed[-1][0] % 150 == 0, resumed
+    # Both allocations' folders went with them (the requeued one's too).
+    wait_until("the snapshots removed", lambda: not snapshots_left(tmp_path), timeout=30)
 
 
 def begins(run: Path) -> list[dict[str, Any]]:
@@ -216,7 +233,7 @@ def test_a_node_lost_under_the_job_is_swapped_for_its_spare_inside_the_allocatio
         tmp_path / "runs",
         *COMMON,
         "checkpoint.every_steps=150",
-        f"checkpoint.snapshot_every_steps={SNAPSHOT_EVERY}",
+        *snapshots_in(tmp_path),
         "resources.spare_nodes=1",
     )
     job = run_job_id(run)
@@ -250,8 +267,9 @@ def test_a_node_lost_under_the_job_is_swapped_for_its_spare_inside_the_allocatio
     # The spare held no snapshot: its ranks got the first node's, with their own random streams.
     log = "".join(p.read_text() for p in (run / "logs").glob("*_0_log.out"))
     (resumed,) = [line for line in log.splitlines() if "resumed from" in line]
-    folder = rf"/dev/shm/slurmddp-{os.getuid()}/{job}\.0-[0-9a-f-]{{36}}/{first_nodes[0]}/"
+    folder = rf"{tmp_path}/shm/slurmddp-{os.getuid()}/{job}\.0-[0-9a-f-]{{36}}/{first_nodes[0]}/"
     assert re.search(f"in-memory snapshot {folder}step-", resumed), resumed
+    wait_until("the snapshots removed", lambda: not snapshots_left(tmp_path), timeout=30)
 
 
 def sacct(env: dict[str, str], job: str, *options: str) -> list[tuple[str, str]]:

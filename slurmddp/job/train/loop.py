@@ -223,6 +223,7 @@ class TrainLoop:
         from slurmddp.job.checkpoint import CheckpointInfo
 
         if self.snapshots is None or self.snapshots.first_of_allocation:
+            # The folder is the allocation's own: its first attempt has nothing to find there.
             return None
         disk = self.store.latest()
         restored = self.snapshots.restore(disk.step if disk is not None else None)

@@ -212,16 +212,15 @@ class Snapshots:
     # -- restarting -----------------------------------------------------------------------------
 
     def restore(self, disk_step: int | None) -> Restored | None:
-        """Every rank: the newest snapshot any node holds, when it is newer than the newest
-        checkpoint on disk (`disk_step`), loaded on every rank (sent by a node that holds it to
-        those that do not); None when there is none, or any rank could not load it."""
+        """Every rank, on a restart in the allocation (`first_of_allocation` False: the folder is the
+        allocation's own, so its first attempt finds nothing): the newest snapshot any node holds,
+        when it is newer than the newest checkpoint on disk (`disk_step`), loaded on every rank
+        (sent by a node that holds it to those that do not); None when there is none, or any rank
+        could not load it."""
         import torch.distributed as tdist
 
         from slurmddp.job.train.metrics import gather
 
-        if self.first_of_allocation:
-            # The folder is this allocation's own: nothing in it can be for its first attempt.
-            return None
         untrusted = self.reader.untrusted()
         if untrusted is not None:
             print(
