@@ -34,12 +34,33 @@ def test_a_node_is_named_once_it_stayed_slow_for_the_whole_span_and_cleared_when
     every = 10.0
     assert not watch.seen(slow, 0.0, every) and watch.named is None
     assert not watch.seen(slow, every, 2 * every)
-    assert watch.seen(slow, 2 * every, SLOW_FOR_S) and watch.named == 1
-    assert not watch.seen(slow, SLOW_FOR_S, SLOW_FOR_S + every)  # named already: no news
-    assert watch.seen(None, 40.0, 50.0) and watch.named is None
+    assert watch.seen(slow, 2 * every, SLOW_FOR_S) and watch.named == slow
+    slower = Straggler(1, 2.0, 0.4)
+    assert not watch.seen(slower, SLOW_FOR_S, SLOW_FOR_S + every)  # named already: no news
+    assert watch.named == slower  # ...but its newest figures
+    assert not watch.seen(None, 40.0, 50.0) and watch.named == slower  # one record back to pace
+    assert watch.seen(None, 50.0, 60.0) and watch.named is None  # two: slow for 1/3 of the span
 
 
-def test_another_node_starts_the_count_again() -> None:
+def test_one_noisy_record_does_not_start_the_count_again() -> None:
+    """Records every 5 s, the node slow throughout but one record (at 15-20 s) found it under the
+    ratio: named at 30 s all the same, where a count started again would have waited to 50 s."""
+    watch = Watch()
+    slow = Straggler(1, 2.1, 0.2)
+    verdicts = [slow, slow, slow, None, slow, slow]
+    named = [watch.seen(found, 5.0 * i, 5.0 * (i + 1)) for i, found in enumerate(verdicts)]
+    assert named == [False] * 5 + [True] and watch.named == slow
+
+
+def test_a_pause_of_a_few_seconds_names_no_node() -> None:
+    """A node slow in one 5 s record of six (a garbage collection, a checkpoint) is not named."""
+    watch = Watch()
+    verdicts = [None, None, Straggler(2, 9.0, 0.8), None, None, None, None]
+    assert not any(watch.seen(found, 5.0 * i, 5.0 * (i + 1)) for i, found in enumerate(verdicts))
+    assert watch.named is None
+
+
+def test_another_node_is_not_named_on_the_first_ones_time() -> None:
     watch = Watch()
     watch.seen(Straggler(1, 1.8, 0.3), 0.0, 20.0)
     assert not watch.seen(Straggler(2, 1.8, 0.3), 20.0, 40.0)

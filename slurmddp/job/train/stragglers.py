@@ -6,19 +6,27 @@ The telemetry's figures (job/train/telemetry.py) tell it: a rank's time outside 
 (its step time less the time its buckets were in flight, `step_s - comm_s`) is its own compute and
 data wait, while the time it spends waiting for the others is in `comm_s`. The slowest rank waits
 for nobody. A node is as slow as its slowest rank; one whose compute stays at least SLOW_RATIO x
-the median node's for SLOW_FOR_S is named in rank 0's log and in RUN_DIR/slow_node.json, which
-`status` shows, with how much of each step it costs."""
+the median node's for most of the last SLOW_FOR_S is named in rank 0's log and in
+RUN_DIR/slow_node.json, which `status` shows, with how much of each step it costs."""
 
 from __future__ import annotations
 
 import statistics
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 SLOW_RATIO = 1.3
 """A node this many times the median node's compute per step is slow."""
 SLOW_FOR_S = 30.0
-"""...when it stays so for this long (telemetry records come every telemetry.every_s)."""
+"""...when it stays so over this span (telemetry records come every telemetry.every_s)..."""
+NAME_SHARE = 0.8
+"""...in records covering this share of the span or more: one noisy record (a neighbour's burst on
+another node, a collective that ran late) must not start the count again, and a pause of a few
+seconds (a garbage collection, a checkpoint) must not name a node."""
+CLEAR_SHARE = 0.5
+"""A named node is no longer slow when its share falls under this: between the two, it stays named
+rather than being named and cleared on alternate records."""
 
 
 @dataclass(frozen=True)
@@ -47,22 +55,38 @@ def slowest_node(compute_s: Sequence[float], nodes: Sequence[int], step_s: float
 
 
 class Watch:
-    """Rank 0: whether one node stayed slow for SLOW_FOR_S, over the telemetry's records."""
+    """Rank 0: whether one node stayed slow over the last SLOW_FOR_S, from the telemetry's records."""
 
     def __init__(self) -> None:
-        self._since: tuple[int, float] | None = None
-        self.named: int | None = None
-        """The node named slow now; None while none is."""
+        self._records: deque[tuple[float, float, Straggler | None]] = deque()
+        self.named: Straggler | None = None
+        """The node named slow now, as the newest record that found it slow measured it; None
+        while none is."""
 
     def seen(self, found: Straggler | None, window_start: float, now: float) -> bool:
         """One record's verdict (`found`, over the steps from `window_start` to `now`, monotonic);
         whether the node named slow changed (named, or recovered)."""
+        span_start = now - SLOW_FOR_S
+        self._records.append((window_start, now, found))
+        while len(self._records) > 1 and self._records[1][0] <= span_start:
+            self._records.popleft()
+        if self._records[0][0] > span_start:
+            return False  # the records do not cover the span yet
         before = self.named
-        if found is None:
-            self._since, self.named = None, None
-        else:
-            if self._since is None or self._since[0] != found.node:
-                self._since = (found.node, window_start)
-            if now - self._since[1] >= SLOW_FOR_S:
-                self.named = found.node
-        return self.named != before
+        if before is not None:
+            if found is not None and found.node == before.node:
+                self.named = found
+            elif self._share(before.node, span_start) < CLEAR_SHARE:
+                self.named = None
+        elif found is not None and self._share(found.node, span_start) >= NAME_SHARE:
+            self.named = found
+        return (before is None) != (self.named is None)
+
+    def _share(self, node: int, span_start: float) -> float:
+        """The share of the span from `span_start` covered by records that found `node` slow."""
+        slow = sum(
+            end - max(start, span_start)
+            for start, end, found in self._records
+            if found is not None and found.node == node
+        )
+        return slow / SLOW_FOR_S

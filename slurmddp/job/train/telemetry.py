@@ -316,7 +316,7 @@ class Telemetry:
         step_s = max(w["step_s"] / w["steps"] for w in windows)
         found = stragglers.slowest_node(compute, [r.node for r in gathered], step_s)
         if self._stragglers.seen(found, started, self._logged_at):
-            self._slow(found if self._stragglers.named is not None else None, step)
+            self._slow(self._stragglers.named, step)
 
     def _figures(self, sums: Sequence[Mapping[str, float]], peaks: Sequence[float]) -> dict[str, Any]:
         """The figures of a stretch of steps, from every rank's sums: the pace is the slowest
