@@ -23,7 +23,7 @@ and whether the job went through the queue (sacct shows a REQUEUED incarnation).
 end COMPLETED with the parameters of an uninterrupted run of the same settings, run first.
 
     python benchmarks/restart_latency.py [--rounds 5] [--example quickstart] [--scenarios in-job,silent]
-        [--snapshot-every N|null]   # checkpoint.snapshot_every_steps (null: chosen; default: off)
+        [--snapshot-every N|null|0]   # checkpoint.snapshot_every_steps (default: null, chosen)
 """
 
 from __future__ import annotations
@@ -199,7 +199,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--scenarios", default="in-job,queue,spare")
     parser.add_argument("--example", choices=sorted(EXAMPLES), default="synthetic")
-    parser.add_argument("--snapshot-every", default=None, help="N, or null (chosen); default: none")
+    parser.add_argument("--snapshot-every", default=None, help="N, null (chosen, the default) or 0 (off)")
     args = parser.parse_args()
     extra = () if args.snapshot_every is None else (f"checkpoint.snapshot_every_steps={args.snapshot_every}",)
     rows: dict[str, list[Row]] = {name: [] for name in args.scenarios.split(",")}

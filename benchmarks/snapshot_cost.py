@@ -1,7 +1,7 @@
 """What in-memory snapshots cost the training: the quickstart as shipped (2 nodes x 2 ranks, 2
 loader workers a rank) on the lab cluster, through `python -m slurmddp submit`, with snapshots off
-(checkpoint.snapshot_every_steps=0, the baseline and the default), at the interval slurmddp
-chooses (null), and every --every steps, alternating A B C C B A for --rounds rounds.
+(checkpoint.snapshot_every_steps=0, the baseline), at the interval slurmddp chooses (null, the
+default), and every --every steps, alternating A B C C B A for --rounds rounds.
 
 Per run: the steady step time, from rank 0's phases in the end record (its first step's end to its
 last recorded step, over the steps between; checkpoints on disk are off, so none is in it), and

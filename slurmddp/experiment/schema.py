@@ -258,12 +258,11 @@ class Checkpoint:
     """Complete checkpoints kept; older ones are deleted once a newer one is complete."""
     async_save: bool = False
     """Write in a background thread; the loop only waits for the copy to CPU memory."""
-    snapshot_every_steps: int | None = 0
+    snapshot_every_steps: int | None = None
     """In-memory snapshots (ctx.loop under Slurm): every N steps the training state is copied into
     each node's memory (snapshot_dir), with every rank's random streams, so that a crash restarts
-    from at most N steps back, and the loss of a node from another node's copy. null: N is chosen
-    from the measured cost, to keep it under 1% of the step time; 0 (default): none (docs/resume.md,
-    "In-memory snapshots", says why they are not on by default yet)."""
+    from at most N steps back, and the loss of a node from another node's copy. null (default): N
+    is chosen from the measured cost, to keep it under 1% of the step time; 0: none."""
     snapshot_dir: str = "/dev/shm"
     """Node-local memory-backed directory for the snapshots; what is there goes with the job."""
 

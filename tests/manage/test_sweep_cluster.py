@@ -179,11 +179,13 @@ def test_a_preempted_element_alone_is_requeued_and_resumes_exactly(
     env = user_env(slurm_env, tmp_path)
     work = workdir(tmp_path)
     # Three elements that train identically (train.tag is read by nobody), each filling a node.
+    # 1500 steps, ~25 s on the lab: 300 (~5 s) could end before the scheduler's next pass
+    # preempted anything, and the element then completed unstopped.
     (work / "same.yaml").write_text(
         "entrypoint: synthetic_train.py:train\n"
         "resources: {nodes: 1, tasks_per_node: 2, cpus_per_task: 2, time: '00:10:00'}\n"
-        "train: {steps: 300, global_batch: 64, width: 128, classes: 10, lr: 0.05, momentum: 0.9,\n"
-        "        seed: 0, dtype: float32, log_every: 100}\n"
+        "train: {steps: 1500, global_batch: 64, width: 128, classes: 10, lr: 0.05, momentum: 0.9,\n"
+        "        seed: 0, dtype: float32, log_every: 500}\n"
         "sweep:\n  list: [{train.tag: a}, {train.tag: b}, {train.tag: c}]\n  max_parallel: 3\n"
     )
     out = tmp_path / "runs"

@@ -282,14 +282,14 @@ def test_an_oci_bundle_on_slurm_22_05_takes_one_rank_per_node(tmp_path: Path) ->
     )
 
 
-def test_the_batch_script_sets_snapshots_up_only_where_a_training_function_asks_for_them() -> None:
+def test_the_batch_script_sets_snapshots_up_only_for_a_training_function_that_takes_them() -> None:
     from slurmddp.submit.plan import snapshot_dir
 
     def of(*overrides: str) -> str | None:
         return snapshot_dir(load_experiment(QUICKSTART, list(overrides)).experiment)
 
-    assert of() is None  # off by default
-    assert of("checkpoint.snapshot_every_steps=null") == "/dev/shm"
+    assert of() == "/dev/shm"  # on by default
+    assert of("checkpoint.snapshot_every_steps=0") is None
     assert of("checkpoint.snapshot_every_steps=5", "checkpoint.snapshot_dir=/tmp/mem") == "/tmp/mem"
     # A script's framework saves its own way: no folder, no task to remove it.
     script = ("entrypoint.function=null", "entrypoint.script=quickstart_train.py")

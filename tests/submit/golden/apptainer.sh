@@ -23,6 +23,17 @@ export SRUN_CPUS_PER_TASK="$SLURM_CPUS_PER_TASK"
 # Slurm sends SIGTERM to the batch shell too (time limit, preemption without
 # preempt_send_user_signal); surviving it lets the attempt record below run after srun returns.
 trap 'echo "slurmddp: batch script got SIGTERM" >&2' TERM
+# slurmddp: the in-memory snapshots (checkpoint.snapshot_every_steps) live in this folder of each
+# node's memory; one task per node removes it when the job ends, at the SIGTERM Slurm sends every
+# step then, and ignores the stop signals before it (requeue.signal: the time limit's, a
+# preemption's). Started before the first step is placed: every node of the allocation, spares
+# too. --no-kill: a node lost must not end the other nodes' tasks and with them their snapshots.
+# The random part: another cluster's job of the same id may run beside this one (nodes shared by
+# two Slurm installations, a job id used again), and each allocation starts afresh.
+export SLURMDDP_SNAPSHOTS=/dev/shm/"slurmddp-$(id -u)/$SLURM_JOB_ID.${SLURM_RESTART_COUNT:-0}-$(cat /proc/sys/kernel/random/uuid)"
+command srun --overlap --no-kill --kill-on-bad-exit=0 --nodes="$SLURM_JOB_NUM_NODES" --ntasks="$SLURM_JOB_NUM_NODES" \
+  --ntasks-per-node=1 --job-name=slurmddp-snapshots --output=/dev/null --error=/dev/null \
+  bash -c 'trap "" USR1 USR2 INT HUP; trap "rm -rf \"\$SLURMDDP_SNAPSHOTS\"; exit 0" TERM; while :; do sleep 3600 & wait $!; done' &
 export SLURMDDP_IN_JOB_RESTART=0
 slurmddp_place=$(PYTHON -m slurmddp.job.allocation.attempts begin RUN_DIR)
 slurmddp_begin=$?
