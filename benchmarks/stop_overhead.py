@@ -3,13 +3,16 @@ finely enough to see 1 %.
 
     python benchmarks/stop_overhead.py [--blocks 40] [--steps 25] [--width 256]
 
-Every rank holds two DDP copies of the same MLP (784 -> width -> width -> 10): untouched (the
-baseline), and asking `slurmddp.should_stop()` after each optimizer step over a rendezvous store
-that rank 0 hosts as a script rank's process does (one compare-and-set round trip a step). (A
-resumed script's DDP starts in the bucket layout DDP itself rebuilt to, job/script/ddp_buckets.py: no
+Every rank holds three DDP copies of the same MLP (784 -> width -> width -> 10): untouched (the
+baseline), and two asking `slurmddp.should_stop()` after each optimizer step over a rendezvous
+store of their own that rank 0 hosts as a script rank's process does: one reading the store at
+every step (K = 1, a compare-and-set round trip a step, as every script did before K), and one
+reading it every K steps, K chosen by rank 0 from what it timed (job/process/stop.py). (A resumed
+script's DDP starts in the bucket layout DDP itself rebuilt to, job/script/ddp_buckets.py: no
 step of either differs.) They train in alternating blocks of `--steps` steps, so drift of the
-machine hits both within a second. Prints each one's median step time and, against
-the baseline, the median of the per-block ratios (target <= 1.01) and their quartiles.
+machine hits all within a second. Prints each one's median step time, the mean time a step
+spends in `should_stop()`, and, against the baseline, the median of the per-block ratios (target
+<= 1.01) and their quartiles.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from torch.nn.parallel import DistributedDataParallel
 from slurmddp.job.process.stop import Agreement
 
 RANKS = 3
-VARIANTS = ["plain", "should_stop"]
+VARIANTS = ["plain", "every step", "every K"]
 """The first is the baseline."""
 
 
@@ -42,31 +45,45 @@ def mlp(width: int) -> nn.Module:
     )
 
 
-def block(model: Any, optimizer: Any, steps: int, batch: int, agreement: Agreement | None) -> float:
-    """Seconds per step over `steps` steps."""
+def block(
+    model: Any, optimizer: Any, steps: int, batch: int, agreement: Agreement | None
+) -> tuple[float, float]:
+    """Seconds per step over `steps` steps, and of it in `should_stop()`."""
     inputs, targets = torch.randn(batch, 784), torch.randint(0, 10, (batch,))
     dist.barrier()
+    asking = 0.0
     started = time.perf_counter()
     for _ in range(steps):
         optimizer.zero_grad(set_to_none=True)
         nn.functional.cross_entropy(model(inputs), targets).backward()
         optimizer.step()
-        if agreement is not None and agreement.should_stop():
-            raise RuntimeError("no stop was asked")
-    return (time.perf_counter() - started) / steps
+        if agreement is not None:
+            asked = time.perf_counter()
+            if agreement.should_stop():
+                raise RuntimeError("no stop was asked")
+            asking += time.perf_counter() - asked
+    return (time.perf_counter() - started) / steps, asking / steps
 
 
-def rank_main(rank: int, ports: tuple[int, int], args: argparse.Namespace, out: Any) -> None:
+def rank_main(rank: int, ports: tuple[int, ...], args: argparse.Namespace, out: Any) -> None:
     from torch._C._distributed_c10d import TCPStore
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{ports[0]}", rank=rank, world_size=RANKS)
-    # The script's store: hosted by rank 0's process, a client on every rank (as in a job).
-    host = TCPStore("127.0.0.1", ports[1], RANKS, rank == 0, timedelta(seconds=60), wait_for_workers=False)
-    client = TCPStore("127.0.0.1", ports[1], RANKS, False, timedelta(seconds=60))
-    agreement = Agreement(client, heard=lambda: None)
+    # The script's store: hosted by rank 0's process, a client on every rank (as in a job); one
+    # for each agreement, whose keys are the same.
+    timeout = timedelta(seconds=60)
+    hosts = [
+        TCPStore("127.0.0.1", port, RANKS, rank == 0, timeout, wait_for_workers=False) for port in ports[1:]
+    ]
+    clients = [TCPStore("127.0.0.1", port, RANKS, False, timeout) for port in ports[1:]]
+    every_k = Agreement(clients[1], heard=lambda: None)
+    asks = {
+        "plain": None,
+        "every step": Agreement(clients[0], heard=lambda: None, every=1),
+        "every K": every_k,
+    }
     models = {name: DistributedDataParallel(mlp(args.width)) for name in VARIANTS}
-    asks = {"plain": None, "should_stop": agreement}
     optimizers = {name: torch.optim.SGD(m.parameters(), lr=0.01) for name, m in models.items()}
     for name, model in models.items():  # warm-up: DDP's bucket rebuild, the allocator
         block(model, optimizers[name], 5, args.batch, None)
@@ -81,9 +98,9 @@ def rank_main(rank: int, ports: tuple[int, int], args: argparse.Namespace, out: 
             }
         )
     if rank == 0:
-        out.put(rounds)
+        out.put((rounds, every_k.every))
     dist.barrier()
-    del host
+    del hosts
     dist.destroy_process_group()
 
 
@@ -104,18 +121,20 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=16, help="samples per rank and step")
     args = parser.parse_args()
     queue: Any = mp.get_context("spawn").SimpleQueue()
-    ports = (free_port(), free_port())
+    ports = (free_port(), free_port(), free_port())
     mp.start_processes(rank_main, args=(ports, args, queue), nprocs=RANKS, start_method="spawn")
-    rounds = queue.get()
+    rounds, every = queue.get()
     print(
         f"{os.cpu_count()} cores, {RANKS} gloo ranks, {args.blocks} rounds of {args.steps} steps each, "
-        f"width {args.width}, {args.batch} samples a rank"
+        f"width {args.width}, {args.batch} samples a rank; K chosen: {every}"
     )
     for name in VARIANTS:
-        median = statistics.median(r[name] for r in rounds)
+        median = statistics.median(r[name][0] for r in rounds)
         line = f"{name:11s} median step {1000 * median:.3f} ms"
         if name != VARIANTS[0]:
-            ratios = [r[name] / r[VARIANTS[0]] for r in rounds]
+            asking = statistics.fmean(r[name][1] for r in rounds)
+            ratios = [r[name][0] / r[VARIANTS[0]][0] for r in rounds]
+            line += f"; in should_stop() {1e6 * asking:.1f} us a step"
             low, mid, high = statistics.quantiles(ratios, n=4)
             line += f"; per-round ratio to {VARIANTS[0]}: median {mid:.4f} (quartiles {low:.4f}-{high:.4f})"
         print(line)

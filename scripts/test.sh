@@ -32,7 +32,8 @@ if [[ $EUID -eq 0 && ${SLURMDDP_FRESH_ROOT_CHECK:-1} != 0 ]]; then
 fi
 
 set +e
-python3 -m pytest -n "${SLURMDDP_TEST_WORKERS:-4}" --dist loadgroup "$@"
+# --durations: the slowest tests in the log, where time is to be won when the run nears its limit.
+python3 -m pytest -n "${SLURMDDP_TEST_WORKERS:-4}" --dist loadgroup --durations=25 "$@"
 code=$?
 took "pytest"
 fresh=0

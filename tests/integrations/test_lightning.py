@@ -184,10 +184,14 @@ def test_with_accumulation_a_stop_mid_epoch_and_one_at_its_end_resume_exactly(tm
     assert_every_step_once(run, 30)
 
 
-def test_stops_at_two_epoch_ends_in_a_row_resume_exactly(tmp_path: Path, reference: str) -> None:
+def test_stops_at_two_epoch_ends_in_a_row_resume_exactly(
+    tmp_path: Path, reference: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """25 batches an epoch: USR2 raised in every rank after steps 24 and 49 stops them after steps
-    25 and 50, each its epoch's last. Lightning 2.6.6 did not count the epoch that a resume at an
-    epoch's end starts, so the second resume gave the samplers the epoch before."""
+    25 and 50, each its epoch's last (every step reads the stop: SLURMDDP_STOP_READ_EVERY=1).
+    Lightning 2.6.6 did not count the epoch that a resume at an epoch's end starts, so the second
+    resume gave the samplers the epoch before."""
+    monkeypatch.setenv("SLURMDDP_STOP_READ_EVERY", "1")
     run = finish(submit(tmp_path, "--signal-at", "24", "49"), tmp_path)
     log = rank0_log(run)
     assert "lightning_checkpoints/step-00000025" in log and "lightning_checkpoints/step-00000050" in log
