@@ -239,6 +239,8 @@ class TrainLoop:
         None when there is none. One that any rank found damaged (its files not as their markers
         say, or not loadable) is moved aside by rank 0 and the next older one tried, in this
         attempt: on Slurm, each requeue would otherwise choose it again and fail the same way."""
+        from slurmddp.job.train.metrics import every_rank
+
         skipped: list[str] = []
         info = self.store.latest()
         while info is not None:
@@ -252,7 +254,7 @@ class TrainLoop:
                 except CheckpointError as exc:
                     problem = str(exc)
             # Every rank, whatever it found, so that all of them go on with the same checkpoint.
-            found = _every_rank(problem)
+            found = every_rank(problem)
             if not any(found):
                 if skipped and self.rank == 0:
                     print(f"slurmddp: loaded {info.path}, the newest intact checkpoint", flush=True)
@@ -450,13 +452,14 @@ class TrainLoop:
         """Save (async: start saving) the state after `self.step` steps; why not, as every rank
         agrees (None: saved, or being written)."""
         from slurmddp.job.checkpoint import NoSpaceForCheckpoint, capture_rng_state
+        from slurmddp.job.train.metrics import first_problem
 
         if self._saved_step == self.step:
             return None
         started = time.perf_counter()
         self._say_skipped(self._settle())
         # Rank 0 asks before any rank writes, and every rank hears the answer.
-        no_room = _first(_every_rank(self.store.space_problem()))
+        no_room = first_problem(self.store.space_problem())
         if no_room is not None:
             return self.step, no_room
         shared = self._shared_state() if self.rank == 0 else None
@@ -488,6 +491,7 @@ class TrainLoop:
         """Wait for this rank's save in flight and agree with every rank on how it went: its step
         and the first problem a rank had (rank 0 then removes what the ranks wrote of it), or None."""
         from slurmddp.job.checkpoint import NoSpaceForCheckpoint
+        from slurmddp.job.train.metrics import first_problem
 
         if self._unsettled is None:
             return None
@@ -497,7 +501,7 @@ class TrainLoop:
             self.store.wait()
         except NoSpaceForCheckpoint as exc:
             mine = str(exc)
-        problem = _first(_every_rank(mine))
+        problem = first_problem(mine)
         if problem is None:
             return None
         self.store.discard(step)
@@ -626,19 +630,3 @@ class TrainLoop:
                 time=time.time(),
                 save_s=round(self.last_save_s, 3),
             ).write(self.run_dir)
-
-
-def _every_rank(problem: str | None) -> list[str | None]:
-    """Each rank's `problem`, in rank order, on every rank (just this one's without a process group)."""
-    import torch.distributed as tdist
-
-    if not tdist.is_initialized():
-        return [problem]
-    from slurmddp.job.train.metrics import gather
-
-    found: list[str | None] = gather(problem)
-    return found
-
-
-def _first(problems: list[str | None]) -> str | None:
-    return next((problem for problem in problems if problem is not None), None)

@@ -40,3 +40,16 @@ def gather(obj: Any) -> list[Any]:
     gathered: list[Any] = [None] * tdist.get_world_size()
     tdist.all_gather_object(gathered, obj)
     return gathered
+
+
+def every_rank(problem: str | None) -> list[str | None]:
+    """Each rank's `problem`, in rank order, on every rank (just this one's without a process group)."""
+    if not tdist.is_initialized():
+        return [problem]
+    found: list[str | None] = gather(problem)
+    return found
+
+
+def first_problem(problem: str | None) -> str | None:
+    """The lowest rank's problem, on every rank: what they all act on; None where no rank has one."""
+    return next((found for found in every_rank(problem) if found is not None), None)

@@ -219,7 +219,7 @@ class Snapshots:
         could not load it."""
         import torch.distributed as tdist
 
-        from slurmddp.job.train.metrics import gather
+        from slurmddp.job.train.metrics import first_problem, gather
 
         untrusted = self.reader.untrusted()
         if untrusted is not None:
@@ -256,11 +256,11 @@ class Snapshots:
                 problem = str(exc)
             if loaded is not None and loaded.world_size != self.world_size:
                 problem = f"it was taken by {loaded.world_size} ranks, this attempt has {self.world_size}"
-        problems = [text for text in gather(problem) if text is not None]
-        if problems:
+        problem = first_problem(problem)
+        if problem is not None:
             if self.rank == 0:
                 print(
-                    f"slurmddp: not resuming from the in-memory snapshot of step {step}: {problems[0]}; "
+                    f"slurmddp: not resuming from the in-memory snapshot of step {step}: {problem}; "
                     "from the newest checkpoint instead",
                     flush=True,
                 )
