@@ -95,8 +95,9 @@ def reads_every(round_trip_s: float, step_s: float) -> int:
 
 
 class Agreement:
-    """One rank's side of the agreement, over the job's store. `every`: the K this rank offers,
-    for tests; by default it is chosen from what the rank timed."""
+    """One rank's side of the agreement, over the job's store. `every`: the K this rank offers
+    (READ_EVERY_ENV, tests); by default it is chosen from what the rank timed. The ranks agree on
+    K as on the stop, by the lockstep: every rank offers at boundary WARMUP, before any reads."""
 
     def __init__(
         self,
