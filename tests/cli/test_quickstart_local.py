@@ -70,9 +70,14 @@ def test_the_template_trains(tmp_path: Path) -> None:
 
 def test_stopped_twice_at_random_steps_it_ends_on_the_uninterrupted_run_bit_for_bit(tmp_path: Path) -> None:
     reference = submit(tmp_path / "ref", str(QUICKSTART), *SETTINGS)
-    # Both stops well before the last of the 105 steps, so each is seen before the run ends.
-    first = random.randrange(8, 40)
-    stops = [first, random.randrange(first + 20, 70)]
+    # Both stops well before the last of the 105 steps, so each is seen before the run ends, and
+    # each a few steps into an epoch (21 steps each), so that a stop a few steps late (the signal
+    # goes once progress.json shows the step, and a rank spends longest at an epoch's start, where
+    # its loader workers start) still stops mid-epoch: in CI, stops asked at 17 and 60 came at 21
+    # and 63, both epoch ends, and the run proved nothing of a mid-epoch resume.
+    epoch = 1437 // GLOBAL_BATCH
+    into = random.randrange(0, 2)
+    stops = [epoch * into + random.randrange(3, 10), epoch * (into + 2) + random.randrange(3, 10)]
     out = tmp_path / "stopped"
     proc = submit(out, str(QUICKSTART), *SETTINGS)
     for attempt, threshold in enumerate(stops):
