@@ -21,11 +21,13 @@ def run(experiment: Path, overrides: list[str]) -> int:
     """Run this MPI rank of the experiment; its exit status."""
     # As early as this process allows: a stop signal that lands first must not kill the rank.
     signals.install((STOP_SIGNAL, ALWAYS_STOP_ON))
-    world = mpi.mpi().COMM_WORLD
     loaded = load_experiment(experiment, [*overrides, "dist.launcher=mpi"])
     exp = loaded.experiment
     if exp.entrypoint.function is None:
         raise SlurmddpError("mpilaunch runs function entrypoints; a script or module can call mpiexec itself")
+    # After the checks: MPI's start makes a shared-memory segment that an error exit left behind in
+    # /dev/shm (MPICH), one per refused command.
+    world = mpi.mpi().COMM_WORLD
     fresh = str(new_run_dir(exp.output_dir, exp.name)) if world.Get_rank() == 0 else None
     run_dir = Path(world.bcast(fresh, root=0))
     plan = plan_for(loaded, executor="local", run_dir=run_dir)
