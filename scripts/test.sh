@@ -33,7 +33,9 @@ fi
 
 set +e
 # --durations: the slowest tests in the log, where time is to be won when the run nears its limit.
-python3 -m pytest -n "${SLURMDDP_TEST_WORKERS:-4}" --dist loadgroup --durations=25 "$@"
+# -rfEsR: the short summary lists failures, errors, skips and every test that passed only when
+# run again (conftest.py LOADED_RERUNS).
+python3 -m pytest -n "${SLURMDDP_TEST_WORKERS:-4}" --dist loadgroup --durations=25 -rfEsR "$@"
 code=$?
 took "pytest"
 fresh=0
