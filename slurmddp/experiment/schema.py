@@ -119,6 +119,11 @@ class Resources:
     """Nodes allocated beyond `nodes` that train only when a node fails: a restart whose cause is a
     node (Slurm marks it down or drained, the preflight, a GPU fault or a hang names it) runs on a
     spare inside the allocation instead of going back to the queue. They count in GPU-hours."""
+    replace_slow_nodes: bool = False
+    """With a spare left: a node named slow (its ranks' compute per step 1.3x the median node's over
+    most of 30 s, from the telemetry) is swapped for a spare at the next checkpoint, inside the
+    allocation; the ranks start again on the spare from that checkpoint. A function entrypoint's
+    `ctx.loop` only (it takes the measures); needs spare_nodes and telemetry."""
     gpus_per_node: int = 0
     """GPUs per node; the job then runs this many ranks per node. 0 means a CPU job. The local
     executor uses the GPUs the machine has instead (CUDA_VISIBLE_DEVICES narrows them)."""
@@ -558,3 +563,21 @@ class Experiment:
                 "entrypoint; a function entrypoint's ctx.loop stops and resumes by itself: remove it"
             )
         _global_batch_splits(self.train.get(GLOBAL_BATCH), self.resources)
+        self._check_replace_slow_nodes()
+
+    def _check_replace_slow_nodes(self) -> None:
+        if not self.resources.replace_slow_nodes:
+            return
+        lacking = [
+            need
+            for need, met in (
+                ("a spare (resources.spare_nodes=1 or more)", self.resources.spare_nodes > 0),
+                ("the telemetry that names the node (telemetry.enabled=true)", self.telemetry.enabled),
+                ("a function entrypoint, whose ctx.loop takes the measures", self.entrypoint.function),
+            )
+            if not met
+        ]
+        if lacking:
+            raise ConfigError(
+                f"resources.replace_slow_nodes: needs {' and '.join(lacking)}; add them or set it to false"
+            )

@@ -1,7 +1,9 @@
 """A slow node named while the run goes, on the real cluster: the quickstart (loader workers on) on
 3 nodes x 1 rank; from step 100 the test slows node2's rank with a CPU quota of its own making (the
 rank and its loader workers stopped 60 ms of every 100 ms, SIGSTOP/SIGCONT). Within 60 s rank 0's
-log and `status` name node2, with the ratio and the share of each step it costs."""
+log and `status` name node2, with the ratio and the share of each step it costs. With
+resources.replace_slow_nodes, 2 nodes and a spare, the ranks move to the spare at the next
+checkpoint."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -19,6 +22,7 @@ from conftest import (
     progress_step,
     rank_pids,
     run_job_id,
+    slurm_command,
     slurmddp,
     submit_run,
     wait_for_job,
@@ -41,42 +45,56 @@ def throttle(pids: list[int], done: threading.Event, stopped_s: float = 0.06, pe
         time.sleep(period_s - stopped_s)
 
 
-def test_a_node_slowed_mid_run_is_named_in_the_log_and_status_within_a_minute(
-    slurm_env: dict[str, str], tmp_path: Path
-) -> None:
+@contextlib.contextmanager
+def throttled(pids: list[int]) -> Iterator[None]:
+    """`throttle` on `pids` while the body runs; all of them running again after it."""
+    done = threading.Event()
+    thread = threading.Thread(target=throttle, args=(pids, done), daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+
+
+def at_step_100(env: dict[str, str], tmp_path: Path, *overrides: str) -> tuple[Path, list[int]]:
+    """The quickstart submitted with 1 rank per node, a telemetry record every 5 s and `overrides`,
+    at step 100: its run directory and the processes of node2's rank (the rank, its loader workers)."""
     run = submit_run(
-        slurm_env,
+        env,
         tmp_path / "runs",
-        "resources.nodes=3",
         "resources.tasks_per_node=1",
-        "train.epochs=400",
-        "train.global_batch=66",
         "telemetry.every_s=5",
+        *overrides,
         experiment=QUICKSTART,
     )
     wait_until("step 100", lambda: progress_step(run) >= 100, timeout=240)
     slowed = rank_pids(run, node=1)
     assert slowed, "no process of node2's rank found"
-    done = threading.Event()
-    thread = threading.Thread(target=throttle, args=(slowed, done), daemon=True)
+    return run, slowed
+
+
+def test_a_node_slowed_mid_run_is_named_in_the_log_and_status_within_a_minute(
+    slurm_env: dict[str, str], tmp_path: Path
+) -> None:
+    run, slowed = at_step_100(
+        slurm_env, tmp_path, "resources.nodes=3", "train.epochs=400", "train.global_batch=66"
+    )
+    status = ""
+
+    def named() -> bool:
+        nonlocal status
+        status = slurmddp(slurm_env, tmp_path, "status", str(run)).stdout
+        return "node2 is slow" in status
+
     began = time.monotonic()
-    thread.start()
-    try:
-        status = ""
-
-        def named() -> bool:
-            nonlocal status
-            status = slurmddp(slurm_env, tmp_path, "status", str(run)).stdout
-            return "node2 is slow" in status
-
+    with throttled(slowed):
         wait_until("node2 named in status", named, timeout=90)
         took = time.monotonic() - began
-    finally:
-        done.set()
-        thread.join()
-        for pid in slowed:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGCONT)
     print(f"\nnamed {took:.1f} s after the slowdown began:\n{status}")
     assert took <= 60, status
     record = json.loads((run / "slow_node.json").read_text())
@@ -86,3 +104,43 @@ def test_a_node_slowed_mid_run_is_named_in_the_log_and_status_within_a_minute(
     job = run_job_id(run)
     assert slurmddp(slurm_env, tmp_path, "cancel", str(run), "--yes").returncode == 0
     wait_for_job(job, slurm_env, timeout=120)
+
+
+def test_with_replace_slow_nodes_a_slow_node_is_swapped_for_the_spare_at_the_next_checkpoint(
+    slurm_env: dict[str, str], tmp_path: Path
+) -> None:
+    """2 nodes and a spare: node2 slowed from step 100 is named, and at the next checkpoint the
+    attempt ends and the ranks start again on node3 from that checkpoint, in the allocation."""
+    run, slowed = at_step_100(
+        slurm_env,
+        tmp_path,
+        "resources.nodes=2",
+        "resources.spare_nodes=1",
+        "resources.replace_slow_nodes=true",
+        "train.epochs=150",
+        "checkpoint.every_steps=50",
+    )
+    with throttled(slowed):
+        wait_until("the slowed attempt's end", lambda: bool(ends(run)), timeout=120)
+    job = run_job_id(run)
+    assert wait_for_job(job, slurm_env, timeout=300) == "COMPLETED"
+    first, last = ends(run)
+    assert first["reason"] == "failure" and first["in_job"] is True, first
+    assert "node2: slow: " in first["message"] and "on node3 instead" in first["message"], first
+    assert first["step"] % 50 == 0, first
+    assert last["reason"] == "completed", last
+    log = "".join(p.read_text() for p in (run / "logs").glob("*_0_log.out"))
+    assert "slurmddp: node2 will be replaced by node3 at the next checkpoint" in log
+    # Resumed at the checkpoint it ended after: no step redone.
+    resumed = [line for line in log.splitlines() if line.startswith("slurmddp: resumed from ")]
+    assert len(resumed) == 1 and resumed[0].endswith(f" at step {first['step']}"), resumed
+    steps = slurm_command(["sacct", "-n", "-P", "-j", job, "-o", "JobName,NodeList"], slurm_env).stdout
+    rows = (line.split("|") for line in steps.splitlines())
+    trained_on = [nodes for name, nodes in rows if name == "python"]
+    assert trained_on == ["node[1-2]", "node[1,3]"], steps
+
+
+def ends(run: Path) -> list[dict[str, object]]:
+    path = run / "attempts.jsonl"
+    records = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    return [record for record in records if record["event"] == "end"]

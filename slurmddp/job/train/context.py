@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from slurmddp.errors import SlurmddpError
 from slurmddp.job.process.distenv import DistEnv
@@ -49,6 +49,9 @@ class RunContext:
     """The hang watchdog (dist.hang_timeout_s) the loop, evaluation loaders and reductions feed."""
     _scaler: Any = field(default=None, repr=False)
     _trackers: Trackers | None = field(default=None, repr=False)
+    _replacing: dict[str, str] | None = field(default=None, repr=False)
+    """Rank 0, with resources.replace_slow_nodes: the node named slow, with why, while a spare can
+    take its place."""
 
     @property
     def rank(self) -> int:
@@ -286,6 +289,7 @@ class RunContext:
                 watchdog=self.watchdog,
                 telemetry=self._telemetry(feed),
                 snapshots=Snapshots.open(os.environ, self.settings.checkpoint, self.dist, self.device),
+                slow_to_replace=lambda: self._replacing,
             ),
         )
         return self.active_loop
@@ -327,11 +331,34 @@ class RunContext:
         )
         ratio, slows_by = (found.ratio, found.slows_by) if found is not None else (0.0, 0.0)
         SlowNode(host, ratio, slows_by, step, AttemptId.of(self.dist), time.time()).write(self.run_dir)
-        if found is None:
+        self._replacing = None
+        if found is None or host is None:
             print(f"slurmddp: no node is slow any more (step {step})", flush=True)
             return
         print(
             f"slurmddp: {host} is slow: its ranks compute {ratio:.2f}x the median node's per step, "
             f"which slows every step by {100 * slows_by:.0f}% (step {step})",
+            flush=True,
+        )
+        if OmegaConf.select(self.config, "resources.replace_slow_nodes", default=False):
+            self._replace_with_spare(host, f"slow: {ratio:.2f}x the median node's compute per step", nodes)
+
+    def _replace_with_spare(self, host: str, why: str, step_nodes: str | None) -> None:
+        """Rank 0: have the loop end the attempt at the next checkpoint for a restart on a spare,
+        where the allocation has one left (job/allocation/outcome.py, the same choice the batch
+        script's requeue decision makes)."""
+        from slurmddp.job.allocation.outcome import Settings, known_hosts, spare_hosts
+        from slurmddp.rundir.records import AttemptId
+
+        settings = Settings.of_run(self.run_dir)
+        known = known_hosts(self.run_dir, settings, AttemptId.of(self.dist))
+        spares = spare_hosts(os.environ, settings, known | {host}, step_nodes or "")
+        if not spares:
+            print(f"slurmddp: no spare node is left to replace {host}: it keeps its ranks", flush=True)
+            return
+        self._replacing = {host: why}
+        print(
+            f"slurmddp: {host} will be replaced by {', '.join(spares)} at the next checkpoint "
+            "(resources.replace_slow_nodes)",
             flush=True,
         )

@@ -6,8 +6,9 @@
         ...one training step on this rank's share of the global batch...
 
 At each step boundary the ranks exchange one small all-reduce that carries "a stop signal arrived",
-"a timed checkpoint is due", "a telemetry record is due", "an in-memory snapshot is due" and "a
-node is still writing the last snapshot" (job/train/snapshots.py). It is started at one boundary and read
+"a timed checkpoint is due", "a telemetry record is due", "an in-memory snapshot is due", "a
+node is still writing the last snapshot" (job/train/snapshots.py) and "a slow node is to be
+replaced" (resources.replace_slow_nodes). It is started at one boundary and read
 at the next, so it never waits on the network; since every rank reads the same reduced value at the
 same boundary, all ranks stop (or save) at the same step, one step after the signal.
 
@@ -54,6 +55,10 @@ Unsaved = tuple[int, str]
 """A checkpoint's step, and why it was not saved."""
 
 
+class SlowNodeReplaced(SlurmddpError):
+    """What every rank ends with once the ranks agreed to replace a slow node and saved."""
+
+
 @dataclass(frozen=True)
 class LoopState:
     """What the loop keeps in every checkpoint and restores on resume."""
@@ -82,6 +87,9 @@ class LoopRuntime:
     telemetry: Telemetry | None = None
     snapshots: Snapshots | None = None
     """In-memory snapshots (checkpoint.snapshot_every_steps), where the batch script set them up."""
+    slow_to_replace: Callable[[], dict[str, str] | None] | None = None
+    """Rank 0, with resources.replace_slow_nodes: the node named slow, with why, while a spare can
+    take its place; the attempt then ends at the next checkpoint and restarts on the spare."""
 
 
 class TrainLoop:
@@ -105,8 +113,8 @@ class TrainLoop:
         self._hold(state, ddp, precision)
         self._start_counting()
         # A stop signal arrived; a timed checkpoint is due; a telemetry record is due; an in-memory
-        # snapshot is due; a node is still writing the last one.
-        self._flags = torch.zeros(5, dtype=torch.int32, device=runtime.device)
+        # snapshot is due; a node is still writing the last one; a slow node is to be replaced.
+        self._flags = torch.zeros(6, dtype=torch.int32, device=runtime.device)
         self._pending: Any = None
         self._check_own_sampler()
         self._resume()
@@ -124,6 +132,7 @@ class TrainLoop:
         self.telemetry = runtime.telemetry
         """Step times, data wait, communication (train/telemetry.py); None with telemetry.enabled=false."""
         self.snapshots = runtime.snapshots
+        self._slow_to_replace = runtime.slow_to_replace
 
     def _hold(self, state: LoopState, ddp: Ddp, precision: Precision) -> None:
         """What the checkpoints keep, and the settings that state depends on."""
@@ -526,7 +535,7 @@ class TrainLoop:
     def _boundary(self) -> None:
         import torch.distributed as tdist
 
-        stop, timed_save, record, snapshot = self._agreed()
+        stop, timed_save, record, snapshot, replace = self._agreed()
         if self.snapshots is not None:
             self.snapshots.settle()
         if self.rank == 0:
@@ -546,6 +555,8 @@ class TrainLoop:
             self.save()
             if self.snapshots is not None:
                 self.snapshots.kept(self.step)
+            if replace:
+                self._end_for_replacement()
         elif snapshot and self.snapshots is not None:
             self._snapshot(self.snapshots)
         if record and self.telemetry is not None:
@@ -560,17 +571,49 @@ class TrainLoop:
             self.rank == 0 and snapshots is not None and snapshots.due_after(self.step, self.first_step)
         )
         self._flags[4] = int(snapshots is not None and snapshots.busy())
+        self._flags[5] = int(self._slow_to_replace is not None and self._slow_to_replace() is not None)
         self._pending = tdist.all_reduce(self._flags, op=tdist.ReduceOp.MAX, async_op=True)
 
-    def _agreed(self) -> tuple[int, bool, bool, bool]:
+    def _agreed(self) -> tuple[int, bool, bool, bool, bool]:
         """The flags every rank reported at the previous boundary: a stop, a timed checkpoint, a
-        telemetry record, and an in-memory snapshot (due, and no node still writing the last)."""
+        telemetry record, an in-memory snapshot (due, and no node still writing the last), and a
+        slow node to replace."""
         if self._pending is None:
-            return 0, False, False, False
+            return 0, False, False, False, False
         self._pending.wait()
         self._pending = None
-        stop, timed_save, record, snapshot, writing = self._flags.tolist()
-        return int(stop), bool(timed_save), bool(record), bool(snapshot) and not writing
+        stop, timed_save, record, snapshot, writing, replace = self._flags.tolist()
+        return int(stop), bool(timed_save), bool(record), bool(snapshot) and not writing, bool(replace)
+
+    def _end_for_replacement(self) -> None:
+        """A slow node is to be replaced and this step's checkpoint is saved: end the attempt on
+        every rank, with rank 0's record naming the node, so that the batch script restarts the
+        ranks on a spare from this checkpoint (job/allocation/requeue.py, restart_on_spare). A
+        checkpoint not saved (no room) waits for the next."""
+        import torch.distributed as tdist
+
+        unsaved = self._settle()
+        if unsaved is not None or self._saved_step != self.step:
+            self._say_skipped(unsaved)
+            return
+        slow = self._slow_to_replace() if self._slow_to_replace is not None else None
+        named = "; ".join(f"{host}: {why}" for host, why in (slow or {}).items()) or "see rank 0's log"
+        if slow is not None:
+            # Before the barrier: the attempt's first failure record stands (Failure.write), and
+            # the other ranks' ends below write theirs only after it.
+            Failure(
+                step=self.step,
+                rank=self.rank,
+                error=f"slow node replaced at step {self.step}: {named}",
+                attempt=self.attempt,
+                time=time.time(),
+                suspect_hosts=slow,
+            ).write(self.run_dir)
+        tdist.barrier()
+        raise SlowNodeReplaced(
+            f"the ranks end after the checkpoint at step {self.step} to replace a slow node ({named}); "
+            "the job restarts them on a spare from there"
+        )
 
     def _snapshot(self, snapshots: Snapshots) -> None:
         from slurmddp.job.checkpoint import capture_rng_state
