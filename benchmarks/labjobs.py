@@ -70,3 +70,40 @@ def state(job: str) -> str:
     """The job's state in squeue, "" once it has left the queue."""
     out = subprocess.run(["squeue", "-h", "-j", job, "-o", "%T"], capture_output=True, text=True).stdout
     return out.strip()
+
+
+def rank_pid(run: Path, rank: int) -> int:
+    """The main process of one rank of `run` (srun and a rank's forked children left out)."""
+    logs, wanted = str(run / "logs").encode(), f"SLURM_PROCID={rank}".encode()
+    found: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        try:
+            cmdline = (entry / "cmdline").read_bytes().split(b"\0")
+            environ = (entry / "environ").read_bytes().split(b"\0")
+            parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        if any(arg.endswith(b"srun") for arg in cmdline):
+            continue
+        if b"submitit.core._submit" in cmdline and logs in cmdline and wanted in environ:
+            found[int(entry.name)] = parent
+    mains = [pid for pid, parent in found.items() if parent not in found]
+    if len(mains) != 1:
+        raise SystemExit(f"rank {rank} of {run}: found processes {found}")
+    return mains[0]
+
+
+def records(run: Path) -> list[dict[str, Any]]:
+    path = run / "attempts.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def requeued(job: str) -> bool:
+    out = subprocess.run(
+        ["sacct", "-n", "-X", "-D", "-P", "-j", job, "-o", "State"], capture_output=True, text=True
+    ).stdout
+    return "REQUEUED" in out
+
+
+def digest(run: Path) -> str:
+    return str(json.loads((run / "result.json").read_text())["result"]["param_sha256"])

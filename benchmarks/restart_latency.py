@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import random
 import signal
@@ -42,43 +41,25 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from labjobs import ROOT, SYNTHETIC, ends, gone, job_id, read_json, step, submit, wait_for
+from labjobs import (
+    ROOT,
+    SYNTHETIC,
+    digest,
+    ends,
+    gone,
+    job_id,
+    rank_pid,
+    read_json,
+    records,
+    requeued,
+    step,
+    submit,
+    wait_for,
+)
 
 from slurmddp.cluster import hostlist
 
 Row = tuple[float, float, float, bool, int]
-
-
-def rank_pid(run: Path, rank: int) -> int:
-    """The main process of one rank of `run` (srun and a rank's forked children left out)."""
-    logs, wanted = str(run / "logs").encode(), f"SLURM_PROCID={rank}".encode()
-    found: dict[int, int] = {}
-    for entry in Path("/proc").iterdir():
-        try:
-            cmdline = (entry / "cmdline").read_bytes().split(b"\0")
-            environ = (entry / "environ").read_bytes().split(b"\0")
-            parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
-            continue
-        if any(arg.endswith(b"srun") for arg in cmdline):
-            continue
-        if b"submitit.core._submit" in cmdline and logs in cmdline and wanted in environ:
-            found[int(entry.name)] = parent
-    mains = [pid for pid, parent in found.items() if parent not in found]
-    if len(mains) != 1:
-        raise SystemExit(f"rank {rank} of {run}: found processes {found}")
-    return mains[0]
-
-
-def records(run: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in (run / "attempts.jsonl").read_text().splitlines()]
-
-
-def requeued(job: str) -> bool:
-    out = subprocess.run(
-        ["sacct", "-n", "-X", "-D", "-P", "-j", job, "-o", "State"], capture_output=True, text=True
-    ).stdout
-    return "REQUEUED" in out
 
 
 EXAMPLES = {
@@ -86,10 +67,6 @@ EXAMPLES = {
     "quickstart": (ROOT / "examples" / "quickstart.yaml", ("train.epochs=40", "checkpoint.every_steps=100")),
 }
 SPARE = {"spare", "silent"}
-
-
-def digest(run: Path) -> str:
-    return str(json.loads((run / "result.json").read_text())["result"]["param_sha256"])
 
 
 def uninterrupted(out: Path, example: str, extra: tuple[str, ...]) -> str:
