@@ -55,8 +55,10 @@ Unsaved = tuple[int, str]
 """A checkpoint's step, and why it was not saved."""
 
 
-class SlowNodeReplaced(SlurmddpError):
-    """What every rank ends with once the ranks agreed to replace a slow node and saved."""
+class SlowNodeReplaced(BaseException):
+    """What every rank ends with once the ranks agreed to replace a slow node and saved. A
+    BaseException, as StopForRequeue: a user's `except Exception` around the loop must not swallow
+    it and let the rank go on alone."""
 
 
 @dataclass(frozen=True)
