@@ -33,9 +33,9 @@ fi
 
 set +e
 # --durations: the slowest tests in the log, where time is to be won when the run nears its limit.
-# -rfEsR: the short summary lists failures, errors, skips and every test that passed only when
-# run again (conftest.py LOADED_RERUNS).
-python3 -m pytest -n "${SLURMDDP_TEST_WORKERS:-4}" --dist loadgroup --durations=25 -rfEsR "$@"
+# -rfEs: the short summary lists failures, errors and skips; conftest.py lists the tests run again
+# after a failure (LOADED_RERUNS).
+python3 -m pytest -n "${SLURMDDP_TEST_WORKERS:-4}" --dist loadgroup --durations=25 -rfEs "$@"
 code=$?
 took "pytest"
 fresh=0

@@ -150,6 +150,15 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     shutil.rmtree(config.stash[_SESSION_DIR], ignore_errors=True)
 
 
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    # pytest-rerunfailures lists its reruns itself only without xdist: the suite runs with it.
+    reruns = sorted({report.nodeid for report in terminalreporter.stats.get("rerun", [])})
+    if reruns:
+        terminalreporter.section("run again after a failure (LOADED_RERUNS)")
+        for nodeid in reruns:
+            terminalreporter.line(f"RERUN {nodeid}")
+
+
 def pytest_sessionfinish(session: pytest.Session) -> None:
     if file_digest(USER_INDEX) != session.config.stash[_USER_INDEX_DIGEST]:
         print(f"\nthe test session changed the user's own index of submissions {USER_INDEX}", file=sys.stderr)
@@ -213,7 +222,7 @@ LOADED_RERUNS = 1
 The suite keeps 2 cores ~98% busy with four labs, and at that load a wait sized for the work
 sometimes falls short (a job COMPLETING past 30 s, sacct 15 s behind squeue): each full run had
 one to four such failures among ~1,670 tests, a different few each time. A fault of the code
-fails both runs; every rerun is listed in the summary (`R` lines), so none goes unseen."""
+fails both runs; every rerun is listed at the end (`RERUN` lines), so none goes unseen."""
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's loadgroup reads the xdist_group marks
