@@ -23,26 +23,22 @@ import time
 from pathlib import Path
 from typing import Any
 
-from labjobs import ROOT, digest, ends, gone, job_id, rank_pid, read_json, records, requeued, submit, wait_for
+from labjobs import (
+    ROOT,
+    digest,
+    ends,
+    gone,
+    job_id,
+    rank_pid,
+    read_json,
+    records,
+    requeued,
+    run_processes,
+    submit,
+    wait_for,
+)
 
 QUICKSTART = ROOT / "examples" / "quickstart.yaml"
-
-
-def node_pids(run: Path, node: int) -> list[int]:
-    """Every process of `run`'s ranks on node index `node`: the ranks and their loader workers."""
-    logs, wanted = str(run / "logs").encode(), f"SLURM_NODEID={node}".encode()
-    found = []
-    for entry in Path("/proc").iterdir():
-        try:
-            cmdline = (entry / "cmdline").read_bytes().split(b"\0")
-            environ = (entry / "environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if any(arg.endswith(b"srun") for arg in cmdline):
-            continue
-        if b"submitit.core._submit" in cmdline and logs in cmdline and wanted in environ:
-            found.append(int(entry.name))
-    return found
 
 
 def training(run: Path, crashes: int) -> bool:
@@ -57,7 +53,7 @@ def crash_every(seconds: float, run: Path, stop: threading.Event, sent: list[dic
     while not stop.wait(max(0.0, next_at - time.time())):
         if not (run / "result.json").exists() and training(run, len(sent)):
             whole_node = len(sent) % 2 == 1
-            victims = node_pids(run, 1) if whole_node else [rank_pid(run, 3)]
+            victims = list(run_processes(run, "SLURM_NODEID=1")) if whole_node else [rank_pid(run, 3)]
             at = time.time()
             for pid in victims:
                 os.kill(pid, signal.SIGKILL)

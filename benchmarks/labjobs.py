@@ -72,9 +72,10 @@ def state(job: str) -> str:
     return out.strip()
 
 
-def rank_pid(run: Path, rank: int) -> int:
-    """The main process of one rank of `run` (srun and a rank's forked children left out)."""
-    logs, wanted = str(run / "logs").encode(), f"SLURM_PROCID={rank}".encode()
+def run_processes(run: Path, variable: str) -> dict[int, int]:
+    """The processes of `run`'s ranks whose environment holds `variable` (e.g. SLURM_NODEID=1), by
+    PID, with their parents': the ranks and their forked loader workers, not srun."""
+    logs, wanted = str(run / "logs").encode(), variable.encode()
     found: dict[int, int] = {}
     for entry in Path("/proc").iterdir():
         try:
@@ -87,6 +88,12 @@ def rank_pid(run: Path, rank: int) -> int:
             continue
         if b"submitit.core._submit" in cmdline and logs in cmdline and wanted in environ:
             found[int(entry.name)] = parent
+    return found
+
+
+def rank_pid(run: Path, rank: int) -> int:
+    """The main process of one rank of `run` (srun and a rank's forked children left out)."""
+    found = run_processes(run, f"SLURM_PROCID={rank}")
     mains = [pid for pid, parent in found.items() if parent not in found]
     if len(mains) != 1:
         raise SystemExit(f"rank {rank} of {run}: found processes {found}")
