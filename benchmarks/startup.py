@@ -1,12 +1,17 @@
 """Submit-to-first-step on the lab cluster: slurmddp against two bare sbatch+srun jobs (2 nodes x
 2 ranks each), one that only imports torch and initialises the gloo process group, and one that
-also does what the synthetic example's training function does before its first step, with the
-same imports (its model, DDP, the SGD optimizer, whose construction imports torch._dynamo): the
-target compares with that one ("with the same imports").
+also does what the example's training function does before its first step, with the same imports:
+the target compares with that one ("with the same imports").
+
+--example synthetic (the default): the synthetic function's model, DDP and SGD optimizer (whose
+construction imports torch._dynamo); rank 0's first step from the function's own result.
+--example quickstart: the quickstart as shipped (examples/quickstart.yaml): its data sets read from
+the CSV, model, DDP, SGD, a sharded loader with 2 workers a rank, and its first step (the bare job
+ends its first optimizer step, as slurmddp's does); rank 0's first step from the attempt's record.
 
 Needs a running Slurm (SLURM_CONF set, e.g. from tests/slurm_lab/up). Alternates the three, prints
 each run and the ratios of medians (target: <= 1.3 against the bare job with the same setup).
-Usage: python benchmarks/startup.py [--rounds 3]
+Usage: python benchmarks/startup.py [--rounds 3] [--example synthetic|quickstart]
 """
 
 from __future__ import annotations
@@ -49,6 +54,27 @@ dist.destroy_process_group()
 """
 """What the synthetic example's function does before its first step (examples/synthetic.yaml's
 width, classes, seed, lr and momentum), without slurmddp."""
+QUICKSTART = """
+import time, torch, torch.distributed as dist, torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import DataLoader, DistributedSampler
+from quickstart_train import VALIDATION, Digits, make_model
+dist.init_process_group(\\"gloo\\")
+train_set = Digits(0, -VALIDATION, torch.float32)
+val_set = Digits(-VALIDATION, None, torch.float32)
+ddp = DistributedDataParallel(make_model(256, 0.1, 0))
+optimizer = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
+sampler = DistributedSampler(train_set, seed=0)
+loader = DataLoader(train_set, batch_size=16, sampler=sampler, num_workers=2)
+images, labels, _ = next(iter(loader))
+optimizer.zero_grad(set_to_none=True)
+F.cross_entropy(ddp(images), labels).backward()
+optimizer.step()
+print(\\"READY\\", dist.get_rank(), time.time(), flush=True)
+dist.destroy_process_group()
+"""
+"""What the quickstart's function does up to the end of its first step (examples/quickstart.yaml as
+shipped: 2 loader workers a rank, 64 samples a step over 4 ranks), without slurmddp."""
 
 
 def wait_gone(job_id: str) -> None:
@@ -70,7 +96,10 @@ def bare(out: Path, code: str) -> float:
     return min(ready) - started
 
 
-def ours(out: Path) -> tuple[float, float]:
+SHORT = {"synthetic": "train.steps=5", "quickstart": "train.epochs=1"}
+
+
+def ours(out: Path, example: str) -> tuple[float, float]:
     """(submit -> rank 0's first step, submit -> rank 0's process group ready)."""
     started = time.time()
     proc = subprocess.run(
@@ -79,8 +108,8 @@ def ours(out: Path) -> tuple[float, float]:
             "-m",
             "slurmddp",
             "submit",
-            str(ROOT / "examples" / "synthetic.yaml"),
-            "train.steps=5",
+            str(ROOT / "examples" / f"{example}.yaml"),
+            SHORT[example],
             f"output_dir={out}",
             "--wait",
         ],
@@ -89,21 +118,32 @@ def ours(out: Path) -> tuple[float, float]:
     )
     if proc.returncode:
         raise SystemExit(f"slurmddp submit failed:\n{proc.stdout}{proc.stderr}")
-    result = sorted(out.glob("synthetic/*/result.json"))[-1]
-    data = json.loads(result.read_text())
-    return float(data["result"]["first_step_at"]) - started, float(data["started_at"]) - started
+    run = sorted(out.glob(f"{example}/*/result.json"))[-1].parent
+    data = json.loads((run / "result.json").read_text())
+    if example == "synthetic":
+        first = float(data["result"]["first_step_at"])
+    else:
+        (end,) = [
+            r
+            for r in map(json.loads, (run / "attempts.jsonl").read_text().splitlines())
+            if r["event"] == "end"
+        ]
+        first = float(end["phases"]["first_step_at"])
+    return first - started, float(data["started_at"]) - started
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--example", choices=sorted(SHORT), default="synthetic")
     args = parser.parse_args()
+    same_setup = QUICKSTART if args.example == "quickstart" else SETUP
     base, setup, first, ready = [], [], [], []
     with tempfile.TemporaryDirectory(dir=Path.cwd()) as tmp:
         for round_ in range(args.rounds):
             base.append(bare(Path(tmp), READY))
-            setup.append(bare(Path(tmp), SETUP))
-            step, pg = ours(Path(tmp))
+            setup.append(bare(Path(tmp), same_setup))
+            step, pg = ours(Path(tmp), args.example)
             first.append(step)
             ready.append(pg)
             print(

@@ -152,11 +152,17 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     # pytest-rerunfailures' own list (-rR) showed none of a CI run's two reruns under xdist.
-    reruns = sorted({report.nodeid for report in terminalreporter.stats.get("rerun", [])})
+    # Each with what its first run failed on: the report of the run that counts shows only its own
+    # failure, and a first run can leave what the second trips on.
+    reruns = terminalreporter.stats.get("rerun", [])
     if reruns:
         terminalreporter.section("run again after a failure (LOADED_RERUNS)")
-        for nodeid in reruns:
-            terminalreporter.line(f"RERUN {nodeid}")
+        for report in reruns:
+            terminalreporter.line(f"RERUN {report.nodeid}")
+            text = report.longreprtext.splitlines()
+            # pytest's `E ` lines: the error and its message, as under FAILURES.
+            for line in [line for line in text if line.startswith("E ")][:RERUN_REASON_LINES] or text[-3:]:
+                terminalreporter.line(f"    {line}")
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
@@ -223,6 +229,8 @@ The suite keeps 2 cores ~98% busy with four labs, and at that load a wait sized 
 sometimes falls short (a job COMPLETING past 30 s, sacct 15 s behind squeue): each full run had
 one to four such failures among ~1,670 tests, a different few each time. A fault of the code
 fails both runs; every rerun is listed at the end (`RERUN` lines), so none goes unseen."""
+RERUN_REASON_LINES = 12
+"""Lines of a first run's failure shown under its `RERUN` line."""
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's loadgroup reads the xdist_group marks

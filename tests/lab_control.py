@@ -14,6 +14,9 @@ from pathlib import Path
 
 from conftest import slurm_command
 
+OUT_OF_SERVICE = {"down", "drain", "drng", "fail"}
+"""sinfo's short states of a node no new job gets."""
+
 
 @dataclass(frozen=True)
 class LabDaemons:
@@ -74,12 +77,22 @@ class LabDaemons:
                 raise TimeoutError("slurmctld does not answer `scontrol ping` 30 s after its restart")
             time.sleep(0.2)
 
-    def resume_nodes(self) -> None:
-        """Nodes a fault left down or drained back in service, so the next trial has all three."""
-        listed = self._run("sinfo", "-h", "-N", "-o", "%N %t", check=True).split("\n")
-        for node, state in (line.split() for line in listed if line.strip()):
-            if state.rstrip("*~#$@") in {"down", "drain", "drng", "fail"}:
+    def resume_nodes(self, timeout: float = 60) -> None:
+        """Nodes a fault left down or drained back in service, so the next trial (or test) has all
+        three; returns once none is out of service. An unchecked `scontrol update` under load once
+        left a node out, and the next test's sbatch was refused for it."""
+        deadline = time.monotonic() + timeout
+        while out := self._out_of_service():
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"nodes still out of service {timeout:.0f} s after their resume: {out}")
+            for node in out:
                 self._run("scontrol", "update", f"nodename={node}", "state=resume")
+            time.sleep(0.5)
+
+    def _out_of_service(self) -> dict[str, str]:
+        listed = self._run("sinfo", "-h", "-N", "-o", "%N %t", check=True).split("\n")
+        states = dict(line.split() for line in listed if line.strip())
+        return {node: state for node, state in states.items() if state.rstrip("*~#$@") in OUT_OF_SERVICE}
 
     def _spawn(self, command: list[str], name: str) -> None:
         """The daemon detaches itself; its output goes to its log, as with `up`."""

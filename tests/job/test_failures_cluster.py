@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 from conftest import DIE_IN_SHUTDOWN, only_run, slurmddp, wait_for_job
+from lab_control import LabDaemons
 from train_sources import linear_ddp_train
 
 from slurmddp.cluster import hostlist
@@ -429,7 +430,7 @@ def test_a_node_that_fails_under_a_job_is_left_out_of_its_later_attempts(
         assert stopped.returncode == 0, stopped.stdout + stopped.stderr
         assert wait_for_job(job, slurm_env, timeout=300) == "COMPLETED"
     finally:
-        subprocess.run([*scontrol, "state=resume"], env=slurm_env, check=False, capture_output=True)
+        LabDaemons(slurm_env).resume_nodes()
     nodes = [hostlist.expand(b["nodes"]) for b in begins(run)]
     assert len(nodes) == 3 and victim not in nodes[2], nodes
     first, *rest = ends(run)

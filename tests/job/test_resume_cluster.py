@@ -26,6 +26,7 @@ from conftest import (
     wait_for_job,
     wait_until,
 )
+from lab_control import LabDaemons
 
 from slurmddp.cluster import hostlist
 from slurmddp.rundir.records import Failure
@@ -42,6 +43,12 @@ def snapshots_in(tmp_path: Path) -> list[str]:
         f"checkpoint.snapshot_every_steps={SNAPSHOT_EVERY}",
         f"checkpoint.snapshot_dir={tmp_path / 'shm'}",
     ]
+
+
+def newest_snapshot(tmp_path: Path) -> int:
+    """The step of the newest snapshot file any node holds (NODE_DIR/step-00001234.pt); -1 if none."""
+    found = (tmp_path / "shm").glob(f"slurmddp-{os.getuid()}/*/*/step-*.pt")
+    return max((int(path.stem.removeprefix("step-")) for path in found), default=-1)
 
 
 def snapshots_left(tmp_path: Path) -> list[Path]:
@@ -228,6 +235,8 @@ def test_a_node_lost_under_the_job_is_swapped_for_its_spare_inside_the_allocatio
     """resources.spare_nodes=1 on 2 nodes: the second node's ranks are killed and the node drained
     at a moment chosen anew each run; the run goes on, as a new step, on the first node and the
     spare, with the uninterrupted run's parameters."""
+    # It needs all three nodes: none left out by a test before it (or by its own first run).
+    LabDaemons(slurm_env).resume_nodes()
     run = submit_run(
         slurm_env,
         tmp_path / "runs",
@@ -241,11 +250,12 @@ def test_a_node_lost_under_the_job_is_swapped_for_its_spare_inside_the_allocatio
     first_nodes = hostlist.expand(attempts(run)[0]["nodes"])
     assert len(first_nodes) == 2, first_nodes
     victim = first_nodes[1]
-    at = random.Random().randrange(200, 600)
-    # Not just after a checkpoint (every 150 steps), where the newest snapshot is no newer.
-    at += 2 * SNAPSHOT_EVERY if at % 150 < 2 * SNAPSHOT_EVERY else 0
-    print(f"killing the ranks on {victim} and draining it at step {at}")
-    wait_until(f"step {at}", lambda: progress_step(run) >= at, timeout=300)
+    # A snapshot's step, not just after a checkpoint (every 150 steps), where the newest snapshot
+    # is no newer, nor just before one. Its file, not progress.json (written every 2 s, ~80 steps
+    # here), says when the ranks are there: twice the kill landed 90 steps late, after a checkpoint.
+    at = random.Random().choice([s for s in range(200, 600, SNAPSHOT_EVERY) if 40 <= s % 150 <= 100])
+    print(f"killing the ranks on {victim} and draining it once the snapshot of step {at} is there")
+    wait_until(f"the snapshot of step {at}", lambda: newest_snapshot(tmp_path) >= at, timeout=300)
     scontrol = ["scontrol", "update", f"nodename={victim}"]
     try:
         for pid in rank_pids(run, node=1):
@@ -253,7 +263,7 @@ def test_a_node_lost_under_the_job_is_swapped_for_its_spare_inside_the_allocatio
         subprocess.run([*scontrol, "state=drain", "reason=slurmddp spare test"], env=slurm_env, check=True)
         assert wait_for_job(job, slurm_env, timeout=300) == "COMPLETED"
     finally:
-        subprocess.run([*scontrol, "state=resume"], env=slurm_env, check=False, capture_output=True)
+        LabDaemons(slurm_env).resume_nodes()
     failed, completed = ends(run)
     assert failed.get("in_job") is True and f"leaving out {victim}" in failed["message"], failed
     assert completed["reason"] == "completed"
@@ -271,7 +281,9 @@ def test_a_node_lost_under_the_job_is_swapped_for_its_spare_inside_the_allocatio
     log = "".join(p.read_text() for p in (run / "logs").glob("*_0_log.out"))
     (resumed,) = [line for line in log.splitlines() if "resumed from" in line]
     folder = rf"{tmp_path}/shm/slurmddp-{os.getuid()}/{job}\.0-[0-9a-f-]{{36}}/{first_nodes[0]}/"
-    assert re.search(f"in-memory snapshot {folder}step-", resumed), resumed
+    assert re.search(f"in-memory snapshot {folder}step-", resumed), (resumed, failed["step"])
+    resumed_at = int(resumed.rsplit(" ", 1)[1])
+    assert failed["step"] - 2 * SNAPSHOT_EVERY - 1 <= resumed_at <= failed["step"], (resumed, failed["step"])
     wait_until("the snapshots removed", lambda: not snapshots_left(tmp_path), timeout=30)
 
 

@@ -131,6 +131,14 @@ def test_with_replace_slow_nodes_a_slow_node_is_swapped_for_the_spare_at_the_nex
     assert last["reason"] == "completed", last
     log = "".join(p.read_text() for p in (run / "logs").glob("*_0_log.out"))
     assert "slurmddp: node2 will be replaced by node3 at the next checkpoint" in log
+    # Every rank of the first attempt said why it ended, in a line, not a traceback.
+    first_attempt = sorted((run / "logs").glob(f"{job}_*_log.out"))
+    assert len(first_attempt) == 2, first_attempt
+    for rank_log in first_attempt:
+        text = rank_log.read_text()
+        assert f"slurmddp: the ranks end after the checkpoint at step {first['step']}" in text, rank_log
+    errors = "".join(p.read_text() for p in (run / "logs").glob("*_log.err"))
+    assert "Traceback" not in errors and "SlowNodeReplaced" not in errors, errors[-2000:]
     # Resumed at the checkpoint it ended after: no step redone.
     resumed = [line for line in log.splitlines() if line.startswith("slurmddp: resumed from ")]
     assert len(resumed) == 1 and resumed[0].endswith(f" at step {first['step']}"), resumed

@@ -40,6 +40,7 @@ from slurmddp.job.process.watchdog import Watchdog, rendezvous_s
 from slurmddp.job.script.scriptrank import run_script
 from slurmddp.job.spec import RankSpec
 from slurmddp.job.train.context import RunContext
+from slurmddp.job.train.loop import SlowNodeReplaced
 from slurmddp.rundir import records
 from slurmddp.rundir.layout import NCCL_TRACE, RESULT
 from slurmddp.rundir.outputs import Result
@@ -315,6 +316,11 @@ def _call(
         result = function(ctx)
     except StopForRequeue as stop:
         return _stopped(spec, dist, stop)
+    except SlowNodeReplaced as replaced:
+        # Not a crash: one line in every rank's log, not a traceback; rank 0's failure record
+        # names the node. SystemExit goes past submitit's runner, which would record an error.
+        print(f"slurmddp: {replaced}", flush=True)
+        raise SystemExit(1) from None
     except Exception as exc:
         step = ctx.active_loop.step if ctx.active_loop is not None else None
         crash.record(Path(spec.run_dir), dist, step, repr(exc), exc)
