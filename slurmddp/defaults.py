@@ -56,6 +56,9 @@ SNAPSHOTS_ENV = "SLURMDDP_SNAPSHOTS"
 which one task per node removes when the job ends; the ranks take snapshots only where it is set."""
 LOCAL_REQUEUE_STATUS = 144
 """submitit's local controller reruns every task when one exits with this status (submitit 1.5)."""
+RESIDENT_ENV = "SLURMDDP_RESIDENT"
+"""1 in the batch script's environment with requeue.resident_launcher: each task of a step stays
+for the allocation and forks its rank (job/launch/resident.py)."""
 
 VERSION = "0.1.0"
 """slurmddp's release, written once: pyproject.toml reads it from here, the package exports it as

@@ -306,6 +306,12 @@ class Requeue:
     before the job goes back to the queue. Only restarts in a row that gained no step count (a run
     that keeps getting further keeps its allocation), and the count goes on across requeues.
     0: every crash requeues."""
+    resident_launcher: bool = False
+    """Each task of the training step stays for the allocation, holding torch imported, and forks
+    its rank: a restart in the allocation on the same nodes forks the next attempt's ranks in the
+    same srun step instead of starting a new one (no spares; the tasks' nodes need scontrol,
+    squeue and sinfo). A lost node, a restart on a spare and every requeue go through the batch
+    script as without it."""
 
     def __post_init__(self) -> None:
         _at_least("requeue.signal_lead_s", self.signal_lead_s, 10)

@@ -53,6 +53,9 @@ EXCLUDED = "excluded.json"
 """Hosts the run leaves out, and why: for the rest of the run where confirmed (Slurm saw the node
 go down, a failed check, a device error, a silent host), for one allocation where only suspected
 (a node's ranks all died at once, a hang's culprit)."""
+RESIDENT = "resident"
+"""With requeue.resident_launcher: one folder an attempt that crashed, each task's report of how its
+rank ended and task 0's verdict (job/launch/resident.py)."""
 STEP_HOSTS = "hosts"
 """With spare nodes: one file an attempt, the hosts its srun step runs on (srun's SLURM_HOSTFILE)."""
 WATCH_KEY = ".watch-key"

@@ -648,6 +648,18 @@ def ends(events: Sequence[AttemptEvent]) -> list[End]:
     return [event for event in events if isinstance(event, End)]
 
 
+def latest_of_allocation(events: Sequence[AttemptEvent], me: AttemptId) -> AttemptId:
+    """`me`, or the latest attempt begun in its allocation where that is a later one: the batch
+    script counts its own restarts (IN_JOB_RESTART_ENV), and a resident launcher
+    (job/launch/resident.py) restarts in the step without it."""
+    later = [
+        b.attempt_id
+        for b in begins(events)
+        if b.attempt_id.allocation == me.allocation and b.attempt_id.in_job_restart > me.in_job_restart
+    ]
+    return max(later, key=lambda attempt: attempt.in_job_restart, default=me)
+
+
 def local_attempt(events: Sequence[AttemptEvent], job_id: str) -> AttemptId:
     """The attempt of local job `job_id` that starts (or runs) now. submitit's local controller
     counts no restarts: it starts every task again once all of the previous attempt's have exited,

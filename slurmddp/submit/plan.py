@@ -329,6 +329,7 @@ def slurm_parameters(
             submission_args=submission_args,
             containers=containers,
             snapshot_dir=snapshot_dir(exp),
+            resident=exp.requeue.resident_launcher,
         ).splitlines(),
         "teardown": render_template(
             "teardown.sh.j2", python=interpreter, run_dir=run_dir, submission_args=submission_args

@@ -21,6 +21,7 @@ from conftest import (
     progress_step,
     rank_pids,
     run_job_id,
+    slurm_command,
     slurmddp,
     submit_run,
     wait_for_job,
@@ -285,6 +286,50 @@ def test_a_node_lost_under_the_job_is_swapped_for_its_spare_inside_the_allocatio
     resumed_at = int(resumed.rsplit(" ", 1)[1])
     assert failed["step"] - 2 * SNAPSHOT_EVERY - 1 <= resumed_at <= failed["step"], (resumed, failed["step"])
     wait_until("the snapshots removed", lambda: not snapshots_left(tmp_path), timeout=30)
+
+
+def test_with_a_resident_launcher_a_killed_rank_is_forked_again_in_the_same_step(
+    slurm_env: dict[str, str], tmp_path: Path, reference: str
+) -> None:
+    """requeue.resident_launcher: rank 3 SIGKILLed once the snapshot of a step chosen anew each run
+    is there; every task forks its rank again in the srun step that runs, from the newest
+    snapshot, and the run ends with the uninterrupted run's parameters."""
+    run = submit_run(
+        slurm_env,
+        tmp_path / "runs",
+        *COMMON,
+        "checkpoint.every_steps=150",
+        *snapshots_in(tmp_path),
+        "requeue.resident_launcher=true",
+    )
+    job = run_job_id(run)
+    at = random.Random().choice([s for s in range(200, 600, SNAPSHOT_EVERY) if 40 <= s % 150 <= 100])
+    print(f"killing rank 3 once the snapshot of step {at} is there")
+    wait_until(f"the snapshot of step {at}", lambda: newest_snapshot(tmp_path) >= at, timeout=300)
+    # The task stays: the rank is its child (rank_pid would name the task).
+    task = rank_pid(run, 3)
+    (rank,) = [pid for pid in rank_pids(run, rank=3) if parent_pid(pid) == task]
+    killed_at = time.time()
+    os.kill(rank, signal.SIGKILL)
+    assert wait_for_job(job, slurm_env, timeout=300) == "COMPLETED"
+    failed, completed = ends(run)
+    assert failed["reason"] == "failure" and failed["in_job"] is True, failed
+    assert completed["reason"] == "completed", completed
+    assert [b.get("in_job_restart", 0) for b in begins(run)] == [0, 1], begins(run)
+    # One srun step trained, both attempts.
+    steps = slurm_command(["sacct", "-n", "-P", "-j", job, "-o", "JobName"], slurm_env).stdout.split()
+    assert len([name for name in steps if name.startswith("python")]) == 1, steps
+    assert final_hash(run) == reference
+    log = "".join(p.read_text() for p in (run / "logs").glob("*_0_log.out"))
+    (resumed,) = [line for line in log.splitlines() if "resumed from" in line]
+    assert "in-memory snapshot" in resumed, resumed
+    resumed_at = int(resumed.rsplit(" ", 1)[1])
+    assert failed["step"] - 2 * SNAPSHOT_EVERY - 1 <= resumed_at <= failed["step"], (resumed, failed["step"])
+    began, first_step = begins(run)[1]["time"], completed["phases"]["first_step_at"]
+    print(
+        f"kill -> the attempt's end {failed['time'] - killed_at:.2f} s, -> the next begin "
+        f"{began - killed_at:.2f} s, -> its first step {first_step - killed_at:.2f} s"
+    )
 
 
 def sacct(env: dict[str, str], job: str, *options: str) -> list[tuple[str, str]]:

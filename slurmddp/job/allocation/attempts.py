@@ -19,6 +19,7 @@ allocation, and this log is what `status` and the budgets read. The policy is jo
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shlex
 import socket
@@ -28,7 +29,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from slurmddp.cluster import hostlist, slurm
-from slurmddp.defaults import EXIT_FINISHED, EXIT_RESTART_IN_JOB
+from slurmddp.defaults import EXIT_FINISHED, EXIT_RESTART_IN_JOB, IN_JOB_RESTART_ENV
 from slurmddp.files import write_atomic
 from slurmddp.job.allocation.outcome import (
     FailedNodes,
@@ -66,6 +67,12 @@ def begin(
     _record_killed(run_dir, events, now)
     leave_out_failed_nodes(run_dir, env, now, failed_nodes, partition_nodes)
     me = AttemptId.from_env(env)
+    begun = records.latest_of_allocation(events, dataclasses.replace(me, in_job_restart=-1))
+    if begun.in_job_restart >= me.in_job_restart:
+        # A resident launcher restarted in the step after the batch script last counted: the ranks
+        # of the step placed here are told the number that follows.
+        me = dataclasses.replace(me, in_job_restart=begun.in_job_restart + 1)
+        print(f"export {IN_JOB_RESTART_ENV}={me.in_job_restart}")
     settings = Settings.of_run(run_dir)
     nodes = env.get("SLURM_JOB_NODELIST", "")
     excluded = Exclusions.read(run_dir)
@@ -165,7 +172,7 @@ def end(
         # (scontrol requeue takes a job cancelled a moment ago, seen on 22.05.8).
         print("slurmddp: the run was cancelled; not requeueing", file=sys.stderr)
         return 1
-    me = AttemptId.from_env(env)
+    me = records.latest_of_allocation(events, AttemptId.from_env(env))
     settings = Settings.of_run(run_dir)
     last = events[-1] if events else None
     if isinstance(last, End) and last.attempt_id == me:
@@ -181,6 +188,18 @@ def end(
     if not decision.requeue:
         return 0 if decision.reason == "completed" else 1
     return _requeue(run_dir, env, settings)
+
+
+def restart_in_place(run_dir: Path, env: Mapping[str, str], now: float) -> int | None:
+    """A resident launcher's task 0, once `end` decided on a restart in the allocation: where the
+    next attempt runs on the nodes of the step that runs (no spares, which `begin` may place
+    elsewhere), record its begin and return its number; None leaves the restart to the batch script."""
+    if Settings.of_run(run_dir).resources.spare_nodes:
+        return None
+    following = AttemptId.from_env(env).in_job_restart + 1
+    if begin(run_dir, {**env, IN_JOB_RESTART_ENV: str(following)}, now) != 0:
+        return None
+    return following
 
 
 def _record_end(

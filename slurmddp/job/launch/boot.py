@@ -21,6 +21,7 @@ from pathlib import Path
 from slurmddp.cluster import hostlist
 from slurmddp.defaults import (
     ALWAYS_STOP_ON,
+    RESIDENT_ENV,
     STOP_SIGNAL,
     STOP_SIGNALS_ENV,
     SUBMITTED_WITH_ENV,
@@ -46,6 +47,24 @@ def main(argv: list[str]) -> None:
     if argv[1] == trust.SUBMITIT_RUNNER:
         _check_image(argv[2:])
         _check_pickle(argv[2:])
+        if os.environ.get(RESIDENT_ENV) == "1":
+            _resident(argv, stop_signals)
+    _run(argv, stop_signals)
+
+
+def _resident(argv: list[str], stop_signals: tuple[str, ...]) -> None:
+    """requeue.resident_launcher: this task stays for the allocation and forks each attempt's rank;
+    returns only where there is no run directory to agree through."""
+    from slurmddp.job.launch import resident
+    from slurmddp.rundir.records import run_dir_of
+
+    folder = Path(trust.runner_folder(argv[2:]))
+    run_dir = run_dir_of(folder, os.environ)
+    if run_dir is not None:
+        resident.supervise(lambda: _run(argv, stop_signals), run_dir, folder, os.environ)
+
+
+def _run(argv: list[str], stop_signals: tuple[str, ...]) -> None:
     sys.argv = [argv[1], *argv[2:]]
     try:
         runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
