@@ -570,6 +570,11 @@ class Experiment:
             )
         _global_batch_splits(self.train.get(GLOBAL_BATCH), self.resources)
         self._check_replace_slow_nodes()
+        if self.requeue.resident_launcher and self.dist.launcher == "mpi":
+            raise ConfigError(
+                "requeue.resident_launcher: forks each attempt's ranks in the same srun step, where MPI "
+                "(dist.launcher: mpi) cannot start its ranks again; use launcher: slurm or set it to false"
+            )
 
     def _check_replace_slow_nodes(self) -> None:
         if not self.resources.replace_slow_nodes:

@@ -7,13 +7,17 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import pytest
 
 from slurmddp.defaults import EXIT_RESTART_IN_JOB, IN_JOB_RESTART_ENV
-from slurmddp.job.allocation import attempts
+from slurmddp.errors import ConfigError
+from slurmddp.experiment.load import load_experiment
+from slurmddp.files import write_atomic
+from slurmddp.job.allocation import attempts, stepwatch
 from slurmddp.job.launch import resident
 from slurmddp.rundir import records
 from slurmddp.rundir.records import AttemptId, Failure
@@ -137,3 +141,45 @@ def test_task_0_ends_the_step_when_a_task_never_reports(
     env = {**ENV, IN_JOB_RESTART_ENV: "0"}
     assert resident._decide(path, path / "logs", folder, 2, env, AttemptId("77", 0, 0)) == resident.END
     assert records.read_attempts(path) == []
+
+
+def test_the_step_watch_reads_the_failure_of_the_attempt_the_step_runs_now(tmp_path: Path) -> None:
+    """The batch script started the step as attempt 0; the tasks restarted it as attempt 1, whose
+    failure names a silent host: srun is ended all the same."""
+    for n in (0, 1):
+        records.append_attempt(
+            tmp_path, records.Begin(n, 1000.0 + n, "node1", "node[1-2]", AttemptId("7", 0, n))
+        )
+    srun = subprocess.Popen(["sleep", "60"])
+    said: list[str | None] = []
+    watching = threading.Thread(
+        target=lambda: said.append(stepwatch.watch(tmp_path, srun.pid, AttemptId("7", 0, 0), 0.02))
+    )
+    watching.start()
+    Failure(
+        5, 2, "node2 stopped answering", AttemptId("7", 0, 1), time.time(), bad_hosts={"node2": "x"}
+    ).write(tmp_path)
+    assert srun.wait(10) == -signal.SIGKILL
+    watching.join(10)
+    assert said and said[0] is not None and "node2" in said[0], said
+
+
+def test_a_failure_that_names_a_bad_host_is_left_to_the_batch_script(tmp_path: Path) -> None:
+    path = run_dir(tmp_path)
+    attempt = AttemptId("77", 0, 0)
+    assert attempts.begin(path, {**ENV, IN_JOB_RESTART_ENV: "0"}, now=1000.0) == 0
+    Failure(5, 2, "node2 stopped answering", attempt, time.time(), bad_hosts={"node2": "x"}).write(path)
+    folder = path / "resident" / "77.0.0"
+    for task in (0, 1):
+        write_atomic(folder / f"task-{task}", "137\n")
+    env = {**ENV, IN_JOB_RESTART_ENV: "0"}
+    assert resident._decide(path, path / "logs", folder, 2, env, attempt) == resident.END
+    assert [event for event, _ in attempt_ids(path)] == ["begin"]
+
+
+def test_mpi_ranks_cannot_be_forked_again(tmp_path: Path) -> None:
+    path = tmp_path / "exp.yaml"
+    path.write_text("entrypoint: pkg.train:main\nrequeue:\n  resident_launcher: true\n")
+    load_experiment(path, [])
+    with pytest.raises(ConfigError, match=r"requeue.resident_launcher: .*dist.launcher: mpi"):
+        load_experiment(path, ["dist.launcher=mpi"])

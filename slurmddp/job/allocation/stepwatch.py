@@ -43,7 +43,10 @@ def watch(run_dir: Path, srun: int, attempt: AttemptId, poll_s: float = POLL_S) 
         changed = _mtime(run_dir / FAILURE)
         if named_at is None and changed != seen:
             seen = changed
-            failure = Failure.read_for(run_dir, attempt)
+            # The attempt that runs now: a resident launcher (requeue.resident_launcher) may have
+            # started later ones in this step.
+            now = records.latest_of_allocation(records.read_attempts(run_dir), attempt)
+            failure = Failure.read_for(run_dir, now)
             if failure is not None and failure.bad_hosts:
                 named_at = time.monotonic()
                 hosts = ", ".join(sorted(failure.bad_hosts))

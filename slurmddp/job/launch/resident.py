@@ -30,7 +30,7 @@ from typing import NoReturn
 from slurmddp.defaults import EXIT_RESTART_IN_JOB, IN_JOB_RESTART_ENV
 from slurmddp.files import write_atomic
 from slurmddp.rundir.layout import RESIDENT
-from slurmddp.rundir.records import AttemptId
+from slurmddp.rundir.records import AttemptId, Failure
 
 PR_SET_CHILD_SUBREAPER = 36
 REPORT_WAIT_S = 10.0
@@ -132,6 +132,11 @@ def _decide(
 
     if not all(slurm.available(tool) for tool in ("scontrol", "squeue", "sinfo")):
         # A container image without Slurm's commands: the batch script, outside it, decides.
+        return END
+    failure = Failure.read_for(run_dir, attempt)
+    if failure is not None and failure.bad_hosts:
+        # A host to leave out needs a new step, and the step watch ends this one for it: the batch
+        # script decides, once, as it would without a resident launcher.
         return END
 
     here = {**env, IN_JOB_RESTART_ENV: str(attempt.in_job_restart)}
