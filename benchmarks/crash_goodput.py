@@ -9,6 +9,7 @@ complete with the uninterrupted run's parameters; whether it went through the qu
 REQUEUED incarnation) is printed. A crash is only sent once the attempt before it trains.
 
     python benchmarks/crash_goodput.py [--epochs 300] [--every 40] [--snapshot-every N|null|0]
+        [--set requeue.resident_launcher=true]
 """
 
 from __future__ import annotations
@@ -83,8 +84,11 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=300)
     parser.add_argument("--every", type=float, default=40.0)
     parser.add_argument("--snapshot-every", default=None, help="N, null (chosen, the default) or 0 (off)")
+    parser.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE", help="more overrides for both runs"
+    )
     args = parser.parse_args()
-    extra = (f"train.epochs={args.epochs}",) + (
+    extra = (f"train.epochs={args.epochs}", *args.set) + (
         () if args.snapshot_every is None else (f"checkpoint.snapshot_every_steps={args.snapshot_every}",)
     )
     with tempfile.TemporaryDirectory(dir=Path.cwd()) as tmp:

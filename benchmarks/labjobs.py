@@ -92,12 +92,19 @@ def run_processes(run: Path, variable: str) -> dict[int, int]:
 
 
 def rank_pid(run: Path, rank: int) -> int:
-    """The main process of one rank of `run` (srun and a rank's forked children left out)."""
+    """The main process of one rank of `run` (srun and a rank's forked children left out); with
+    requeue.resident_launcher, the task's child, not the task that stays."""
     found = run_processes(run, f"SLURM_PROCID={rank}")
     mains = [pid for pid, parent in found.items() if parent not in found]
+    if len(mains) == 1 and RESIDENT in Path(f"/proc/{mains[0]}/environ").read_bytes().split(b"\0"):
+        mains = [pid for pid, parent in found.items() if parent == mains[0]]
     if len(mains) != 1:
         raise SystemExit(f"rank {rank} of {run}: found processes {found}")
     return mains[0]
+
+
+RESIDENT = b"SLURMDDP_RESIDENT=1"
+"""In the environment of a task that forks its rank (requeue.resident_launcher)."""
 
 
 def records(run: Path) -> list[dict[str, Any]]:

@@ -24,6 +24,7 @@ end COMPLETED with the parameters of an uninterrupted run of the same settings, 
 
     python benchmarks/restart_latency.py [--rounds 5] [--example quickstart] [--scenarios in-job,silent]
         [--snapshot-every N|null|0]   # checkpoint.snapshot_every_steps (default: null, chosen)
+        [--set requeue.resident_launcher=true]   # more overrides, for every run
 """
 
 from __future__ import annotations
@@ -177,8 +178,13 @@ def main() -> None:
     parser.add_argument("--scenarios", default="in-job,queue,spare")
     parser.add_argument("--example", choices=sorted(EXAMPLES), default="synthetic")
     parser.add_argument("--snapshot-every", default=None, help="N, null (chosen, the default) or 0 (off)")
+    parser.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE", help="more overrides for both runs"
+    )
     args = parser.parse_args()
-    extra = () if args.snapshot_every is None else (f"checkpoint.snapshot_every_steps={args.snapshot_every}",)
+    extra = (*args.set,) + (
+        () if args.snapshot_every is None else (f"checkpoint.snapshot_every_steps={args.snapshot_every}",)
+    )
     rows: dict[str, list[Row]] = {name: [] for name in args.scenarios.split(",")}
     chooser = random.Random(26)
     with tempfile.TemporaryDirectory(dir=Path.cwd()) as tmp:
