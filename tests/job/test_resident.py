@@ -183,3 +183,23 @@ def test_mpi_ranks_cannot_be_forked_again(tmp_path: Path) -> None:
     load_experiment(path, [])
     with pytest.raises(ConfigError, match=r"requeue.resident_launcher: .*dist.launcher: mpi"):
         load_experiment(path, ["dist.launcher=mpi"])
+
+
+def test_a_rank_forked_after_torch_was_imported_takes_the_threads_it_is_told() -> None:
+    """torch imported first, OMP_NUM_THREADS=1 set after: torch keeps its own count (the cores)
+    until the rank sets it."""
+    script = """
+import os, sys, torch
+sys.path.insert(0, sys.argv[1])
+from slurmddp.job.launch.runtime import threads_as_told
+os.environ["OMP_NUM_THREADS"] = "1"
+before = torch.get_num_threads()
+threads_as_told()
+print(before, torch.get_num_threads())
+"""
+    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+    command = [sys.executable, "-c", script, str(Path(__file__).parents[2])]
+    proc = subprocess.run(command, capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    before, after = map(int, proc.stdout.split())
+    assert after == 1 and (before > 1 or os.cpu_count() == 1), proc.stdout

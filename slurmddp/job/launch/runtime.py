@@ -121,11 +121,21 @@ def _end_local(run_dir: Path, me: AttemptId, status: int) -> None:
         print(f"slurmddp: attempt ended: {ended.message}", file=sys.stderr, flush=True)
 
 
+def threads_as_told() -> None:
+    """torch's intra-op threads as OMP_NUM_THREADS says, where torch was imported before it was set:
+    a resident launcher's task imports torch before its rank's variables, and torch reads the
+    variable as it is imported (2 threads, not 1, were seen without this)."""
+    threads = os.environ.get("OMP_NUM_THREADS", "")
+    if "torch" in sys.modules and threads.isdigit():
+        sys.modules["torch"].set_num_threads(int(threads))
+
+
 def _run_entrypoint(spec: RankSpec, dist: DistEnv) -> Any:
     # Before torch is imported: OMP_NUM_THREADS and NCCL_* are read at import / init time.
     os.environ.update(distenv.rank_env(dist))
     os.environ.update(fabric_env(spec, dist))
     os.environ.update(spec.env)
+    threads_as_told()
     os.environ["SLURMDDP_RUN_DIR"] = spec.run_dir
     os.chdir(spec.workdir)
     # Before any user code: no child it forks may keep this rank's sockets alive (job/process/forks.py).
