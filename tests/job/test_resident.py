@@ -203,3 +203,26 @@ print(before, torch.get_num_threads())
     assert proc.returncode == 0, proc.stderr
     before, after = map(int, proc.stdout.split())
     assert after == 1 and (before > 1 or os.cpu_count() == 1), proc.stdout
+
+
+def test_a_task_waiting_for_the_verdict_leaves_at_once_on_sigterm(tmp_path: Path) -> None:
+    """srun ends the step (a task died with its node): SIGTERM, then SIGKILL after KillWait. A
+    task whose rank already ended goes with its rank's status at the SIGTERM."""
+    script = """
+import sys
+sys.path.insert(0, sys.argv[1])
+from pathlib import Path
+from slurmddp.job.launch import resident
+env = {"SLURM_JOB_ID": "77", "SLURM_PROCID": "1", "SLURM_STEP_NUM_TASKS": "2"}
+resident.supervise(lambda: sys.exit(5), Path(sys.argv[2]), Path(sys.argv[2]), env)
+"""
+    command = [sys.executable, "-c", script, str(Path(__file__).parents[2]), str(tmp_path)]
+    task = subprocess.Popen(command)
+    report = tmp_path / "resident" / "77.0.0" / "task-1"
+    deadline = time.monotonic() + 60
+    while not report.exists():
+        assert time.monotonic() < deadline and task.poll() is None
+        time.sleep(0.05)
+    task.send_signal(signal.SIGTERM)
+    assert task.wait(5) == 5
+    assert report.read_text() == "5\n"

@@ -59,6 +59,9 @@ def supervise(run_rank: Callable[[], None], run_dir: Path, logs: Path, env: Mapp
         status = _run_child(run_rank, attempt.in_job_restart)
         if status == 0:
             os._exit(0)
+        # With no rank running, a SIGTERM is the step's end (srun ending it once a task died with
+        # its node, then SIGKILL after KillWait), not a stop for a rank to act on: go at once.
+        as_the_rank = signal.signal(signal.SIGTERM, lambda *_, status=status: os._exit(status))
         folder = run_dir / RESIDENT / f"{attempt.allocation}.{attempt.in_job_restart}"
         write_atomic(folder / f"task-{task}", f"{status}\n")
         if task == 0:
@@ -68,6 +71,7 @@ def supervise(run_rank: Callable[[], None], run_dir: Path, logs: Path, env: Mapp
             verdict = _await_verdict(folder)
         if verdict == END:
             os._exit(status)
+        signal.signal(signal.SIGTERM, as_the_rank)
         attempt = AttemptId(attempt.job_id, attempt.restart_count, int(verdict))
 
 
