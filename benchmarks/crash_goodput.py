@@ -1,6 +1,8 @@
 """Goodput under crashes: the quickstart as shipped (2 nodes x 2 ranks, 2 loader workers a rank) with
-a crash every --every seconds, alternately one rank (rank 3) and every process of the second node
-SIGKILLed, next to the same run uninterrupted, on the lab cluster (SLURM_CONF set).
+a crash every --every seconds, alternately one rank (rank 3) and the second node's ranks (with their
+loader workers) SIGKILLed, next to the same run uninterrupted, on the lab cluster (SLURM_CONF set).
+With --node-kill tasks, every process of the second node's tasks goes, a resident launcher's
+tasks (requeue.resident_launcher) too: srun then ends the step, and the run restarts in a new one.
 
     goodput ratio = the uninterrupted run's wall / the faulted run's wall
 
@@ -9,7 +11,7 @@ complete with the uninterrupted run's parameters; whether it went through the qu
 REQUEUED incarnation) is printed. A crash is only sent once the attempt before it trains.
 
     python benchmarks/crash_goodput.py [--epochs 300] [--every 40] [--snapshot-every N|null|0]
-        [--set requeue.resident_launcher=true]
+        [--node-kill ranks|tasks] [--set requeue.resident_launcher=true]
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from labjobs import (
     gone,
     job_id,
     rank_pid,
+    rank_processes,
     read_json,
     records,
     requeued,
@@ -48,27 +51,32 @@ def training(run: Path, crashes: int) -> bool:
     return progress is not None and len(ends(run)) == crashes and progress["step"] > progress["started_step"]
 
 
-def crash_every(seconds: float, run: Path, stop: threading.Event, sent: list[dict[str, Any]]) -> None:
+def crash_every(
+    seconds: float, run: Path, stop: threading.Event, sent: list[dict[str, Any]], node_kill: str
+) -> None:
     began = wait_for("the first attempt", lambda: [r for r in records(run) if r["event"] == "begin"])
     next_at = began[0]["time"] + seconds
     while not stop.wait(max(0.0, next_at - time.time())):
         if not (run / "result.json").exists() and training(run, len(sent)):
             whole_node = len(sent) % 2 == 1
-            victims = list(run_processes(run, "SLURM_NODEID=1")) if whole_node else [rank_pid(run, 3)]
+            node = run_processes if node_kill == "tasks" else rank_processes
+            victims = list(node(run, "SLURM_NODEID=1")) if whole_node else [rank_pid(run, 3)]
             at = time.time()
             for pid in victims:
                 os.kill(pid, signal.SIGKILL)
-            sent.append({"time": at, "what": "node 2's processes" if whole_node else "rank 3"})
+            sent.append({"time": at, "what": f"node 2's {node_kill}" if whole_node else "rank 3"})
             next_at = at + seconds
         else:
             next_at = time.time() + 0.1
 
 
-def one(out: Path, extra: tuple[str, ...], every: float | None) -> tuple[Path, float, list[dict[str, Any]]]:
+def one(
+    out: Path, extra: tuple[str, ...], every: float | None, node_kill: str = "ranks"
+) -> tuple[Path, float, list[dict[str, Any]]]:
     run = submit(out, *extra, experiment=QUICKSTART)
     stop, sent = threading.Event(), []
     if every:
-        threading.Thread(target=crash_every, args=(every, run, stop, sent), daemon=True).start()
+        threading.Thread(target=crash_every, args=(every, run, stop, sent, node_kill), daemon=True).start()
     wait_for("the run to end", lambda: (run / "attempts.jsonl").exists() and gone(job_id(run)), timeout=3600)
     stop.set()
     events = records(run)
@@ -85,6 +93,12 @@ def main() -> None:
     parser.add_argument("--every", type=float, default=40.0)
     parser.add_argument("--snapshot-every", default=None, help="N, null (chosen, the default) or 0 (off)")
     parser.add_argument(
+        "--node-kill",
+        choices=("ranks", "tasks"),
+        default="ranks",
+        help="what goes at a node's crash: its ranks, or every process of its tasks",
+    )
+    parser.add_argument(
         "--set", action="append", default=[], metavar="KEY=VALUE", help="more overrides for both runs"
     )
     args = parser.parse_args()
@@ -94,7 +108,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(dir=Path.cwd()) as tmp:
         plain, plain_wall, _ = one(Path(tmp), extra, None)
         print(f"uninterrupted: {plain_wall:.1f} s from first begin to last end", flush=True)
-        faulted, wall, sent = one(Path(tmp), extra, args.every)
+        faulted, wall, sent = one(Path(tmp), extra, args.every, args.node_kill)
         crashes = [end for end in ends(faulted) if end["reason"] == "failure"]
         begins = [r for r in records(faulted) if r["event"] == "begin"][1:]
         for crash, end, began in zip(sent, crashes, begins, strict=False):

@@ -91,12 +91,26 @@ def run_processes(run: Path, variable: str) -> dict[int, int]:
     return found
 
 
+def rank_processes(run: Path, variable: str) -> list[int]:
+    """`run_processes` without the tasks that stay (requeue.resident_launcher): the ranks and
+    their loader workers only."""
+    found = run_processes(run, variable)
+    return [pid for pid, parent in found.items() if parent in found or not _resident(pid)]
+
+
+def _resident(pid: int) -> bool:
+    try:
+        return RESIDENT in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return False
+
+
 def rank_pid(run: Path, rank: int) -> int:
     """The main process of one rank of `run` (srun and a rank's forked children left out); with
     requeue.resident_launcher, the task's child, not the task that stays."""
     found = run_processes(run, f"SLURM_PROCID={rank}")
     mains = [pid for pid, parent in found.items() if parent not in found]
-    if len(mains) == 1 and RESIDENT in Path(f"/proc/{mains[0]}/environ").read_bytes().split(b"\0"):
+    if len(mains) == 1 and _resident(mains[0]):
         mains = [pid for pid, parent in found.items() if parent == mains[0]]
     if len(mains) != 1:
         raise SystemExit(f"rank {rank} of {run}: found processes {found}")

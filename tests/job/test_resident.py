@@ -226,3 +226,29 @@ resident.supervise(lambda: sys.exit(5), Path(sys.argv[2]), Path(sys.argv[2]), en
     task.send_signal(signal.SIGTERM)
     assert task.wait(5) == 5
     assert report.read_text() == "5\n"
+
+
+def test_a_task_signalled_while_its_rank_ran_leaves_with_the_rank_without_waiting(tmp_path: Path) -> None:
+    """srun ends the step once a task was killed (its node's processes SIGKILLed): every process
+    of the step gets SIGTERM while the ranks still run. The task leaves as its rank does, without
+    a report or a wait for the tasks that died (task 0 waited 10 s for them before)."""
+    script = """
+import os, signal, sys, time
+sys.path.insert(0, sys.argv[1])
+from pathlib import Path
+from slurmddp.job.launch import resident
+from slurmddp.job.process import signals
+signals.install(("TERM",))
+def rank():
+    os.kill(os.getppid(), signal.SIGTERM)
+    time.sleep(0.2)
+    sys.exit(1)
+env = {"SLURM_JOB_ID": "77", "SLURM_PROCID": "0", "SLURM_STEP_NUM_TASKS": "2"}
+resident.supervise(rank, Path(sys.argv[2]), Path(sys.argv[2]), env)
+"""
+    command = [sys.executable, "-c", script, str(Path(__file__).parents[2]), str(tmp_path)]
+    began = time.monotonic()
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1, proc.stderr
+    assert not (tmp_path / "resident").exists(), "the task reported and waited for a verdict"
+    assert time.monotonic() - began < resident.REPORT_WAIT_S
