@@ -60,7 +60,7 @@ from labjobs import (
 
 from slurmddp.cluster import hostlist
 
-Row = tuple[float, float, float, bool, int]
+Row = tuple[float, float, float, bool, int, str]
 
 
 EXAMPLES = {
@@ -132,7 +132,17 @@ def one(out: Path, example: str, scenario: str, kill_at: int, reference: str, ex
         first["time"] - began["time"],
         requeued(job_id(run)),
         end["step"] - first["started_step"],
+        snapshot_interval(run),
     )
+
+
+def snapshot_interval(run: Path) -> str:
+    """The in-memory snapshots' interval the killed attempt's rank 0 announced ("?": none)."""
+    for log in sorted((run / "logs").glob("*_0_log.out")):
+        for line in log.read_text().splitlines():
+            if "in-memory snapshots every " in line:
+                return line.split("every ", 1)[1].split()[0]
+    return "?"
 
 
 def silence(node: str) -> Callable[[], None]:
@@ -194,11 +204,11 @@ def main() -> None:
                 kill_at = chooser.randrange(150, 450)
                 row = one(Path(tmp), args.example, name, kill_at, reference, extra)
                 rows[name].append(row)
-                teardown, relaunch, first, queued, redone = row
+                teardown, relaunch, first, queued, redone, interval = row
                 print(
                     f"round {round_ + 1} {name:6} killed at step {kill_at}: teardown {teardown:.1f} s, "
                     f"relaunch {relaunch:.1f} s, first step {first:.1f} s, total {sum(row[:3]):.1f} s, "
-                    f"{redone} steps redone, "
+                    f"{redone} steps redone (snapshots every {interval}), "
                     f"{'through the queue (REQUEUED)' if queued else 'no requeue'}, bit-identical",
                     flush=True,
                 )

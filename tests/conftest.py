@@ -53,6 +53,7 @@ from process_rule import (
 )
 
 from slurmddp.cluster.slurm import retrying
+from slurmddp.defaults import RESIDENT_ENV
 
 ROOT = Path(__file__).resolve().parents[1]
 """The repository: examples/, configs/ and templates/ are read from there."""
@@ -614,3 +615,37 @@ def rank_pids(run: Path, *, rank: int | None = None, node: int | None = None) ->
         if b"submitit.core._submit" in cmdline and logs in cmdline and all(w in environ for w in wanted):
             pids.append(int(entry.name))
     return pids
+
+
+def rank_mains(run: Path, *, rank: int | None = None, node: int | None = None) -> list[int]:
+    """The ranks' own processes among `rank_pids`: not their loader workers (forked from them), nor
+    the tasks that fork them (requeue.resident_launcher, the default), which outlive their ranks."""
+    pids = set(rank_pids(run, rank=rank, node=node))
+    mains = []
+    for top in (pid for pid in pids if parent_pid(pid) not in pids):
+        if resident_task(top):
+            mains.extend(pid for pid in pids if parent_pid(pid) == top)
+        else:
+            mains.append(top)
+    return sorted(mains)
+
+
+def resident_task(pid: int) -> bool:
+    try:
+        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return f"{RESIDENT_ENV}=1".encode() in environ
+
+
+def rank_pid(run: Path, rank: int, timeout: float = 60) -> int:
+    """The process of one rank of `run`, once there is one (a resident task forks it after its
+    own start)."""
+    found: list[int] = []
+
+    def one() -> bool:
+        found[:] = rank_mains(run, rank=rank)
+        return len(found) == 1
+
+    wait_until(f"rank {rank}'s process", one, timeout=timeout)
+    return found[0]

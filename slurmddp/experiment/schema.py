@@ -302,16 +302,18 @@ class Requeue:
     (the same exception from the same line of your code, the same death before any step), stops
     at once."""
     in_job_restarts: int = IN_JOB_RESTARTS
-    """Restarts after a crash inside the allocation, as a new srun step from the newest checkpoint,
-    before the job goes back to the queue. Only restarts in a row that gained no step count (a run
+    """Restarts after a crash inside the allocation, from the newest in-memory snapshot or
+    checkpoint (the same srun step's ranks forked again by the resident launcher, else a new
+    step), before the job goes back to the queue. Only restarts in a row that gained no step count (a run
     that keeps getting further keeps its allocation), and the count goes on across requeues.
     0: every crash requeues."""
-    resident_launcher: bool = False
+    resident_launcher: bool | None = None
     """Each task of the training step stays for the allocation, holding torch imported, and forks
     its rank: a restart in the allocation on the same nodes forks the next attempt's ranks in the
     same srun step instead of starting a new one (no spares; the tasks' nodes need scontrol,
     squeue and sinfo). A lost node, a restart on a spare and every requeue go through the batch
-    script as without it."""
+    script as without it. null (default): on, except with dist.launcher: mpi; false: every
+    restart is a new srun step."""
 
     def __post_init__(self) -> None:
         _at_least("requeue.signal_lead_s", self.signal_lead_s, 10)

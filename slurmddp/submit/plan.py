@@ -291,6 +291,14 @@ def snapshot_dir(exp: Experiment) -> str | None:
     return exp.checkpoint.snapshot_dir if wanted else None
 
 
+def resident(exp: Experiment) -> bool:
+    """requeue.resident_launcher, where it is unset: on, unless MPI starts the ranks (it cannot
+    start them again in the same job)."""
+    if exp.requeue.resident_launcher is None:
+        return exp.dist.launcher != "mpi"
+    return exp.requeue.resident_launcher
+
+
 def stop_signals(exp: Experiment) -> tuple[str, ...]:
     """The configured stop signal, and SIGTERM for clusters that preempt with it."""
     return tuple(dict.fromkeys((exp.requeue.signal, ALWAYS_STOP_ON)))
@@ -329,7 +337,8 @@ def slurm_parameters(
             submission_args=submission_args,
             containers=containers,
             snapshot_dir=snapshot_dir(exp),
-            resident=exp.requeue.resident_launcher,
+            resident=resident(exp),
+            import_env=rank_env(exp),
         ).splitlines(),
         "teardown": render_template(
             "teardown.sh.j2", python=interpreter, run_dir=run_dir, submission_args=submission_args

@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from conftest import parent_pid, rank_pids, slurm_command
+from conftest import rank_mains, rank_pids, slurm_command
 from lab_control import LabDaemons
 from run_view import (
     CheckpointLedger,
@@ -128,10 +128,9 @@ def kill_one_rank(trial: Trial) -> Injected:
     wait_for_step(trial.run, trial.target_step)
     rank = trial.rng.randrange(RANKS)
     pids = rank_pids(trial.run, rank=rank)
-    # The rank itself, not its loader workers (forked: the same command line and environment).
-    main = [pid for pid in pids if parent_pid(pid) not in pids]
+    main = rank_mains(trial.run, rank=rank)
     if len(main) != 1:
-        raise FaultMissed(f"rank {rank} has processes {pids}, of which {main} are not a worker")
+        raise FaultMissed(f"rank {rank} has processes {pids}, of which {main} are its own")
     step = last_step(trial.run)
     os.kill(main[0], signal.SIGKILL)
     return Injected(time.time(), f"SIGKILL rank {rank} at step {step}")

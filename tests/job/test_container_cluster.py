@@ -27,10 +27,9 @@ import pytest
 from conftest import (
     QUICKSTART,
     ROOT,
-    parent_pid,
     preempt_with_high_job,
     progress_step,
-    rank_pids,
+    rank_mains,
     run_job_id,
     slurmddp,
     submit_run,
@@ -117,8 +116,7 @@ def test_a_rank_killed_inside_the_container_restarts_in_the_allocation(
     wait_until("step 150", lambda: progress_step(run) >= 150, timeout=240)
     # Any rank: on 22.05 every container starts with srun's SLURM_PROCID=0, so /proc cannot tell
     # which rank a process is (it works its own out at start).
-    pids = rank_pids(run)
-    ranks = [pid for pid in pids if parent_pid(pid) not in pids]
+    ranks = rank_mains(run)
     assert len(ranks) == (2 if slurm_generation == "22.05" else 4), ranks
     killed_at = time.time()
     os.kill(max(ranks), signal.SIGKILL)

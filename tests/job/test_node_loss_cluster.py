@@ -23,6 +23,7 @@ from conftest import (
     QUICKSTART,
     only_run,
     parent_pid,
+    rank_pid,
     rank_pids,
     slurm_command,
     slurmddp,
@@ -257,13 +258,6 @@ def test_strangers_on_every_port_change_nothing_and_a_killed_rank_ends_its_step_
     assert wait_for_job(job, slurm_env, timeout=300) == "COMPLETED"
     assert incarnations(slurm_env, job) == ["COMPLETED"]
     assert params(run) == reference
-
-
-def rank_pid(run: Path, rank: int) -> int:
-    """The rank's own process, not its loader workers."""
-    pids = rank_pids(run, rank=rank)
-    (main,) = [pid for pid in pids if parent_pid(pid) not in pids]
-    return main
 
 
 def listening(pid: int) -> list[tuple[str, int]]:

@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 from conftest import (
     ROOT,
-    parent_pid,
     preempt_with_high_job,
     progress_step,
+    rank_pid,
     rank_pids,
     run_job_id,
     slurm_command,
@@ -75,13 +75,6 @@ def final_hash(run: Path) -> str:
     hashes = {r["param_sha256"] for r in result["ranks"]}
     assert len(hashes) == 1, "ranks disagree"
     return hashes.pop()
-
-
-def rank_pid(run: Path, rank: int) -> int:
-    """The PID of one rank's process (not of its loader workers, which it forked)."""
-    pids = rank_pids(run, rank=rank)
-    (main,) = [pid for pid in pids if parent_pid(pid) not in pids]
-    return main
 
 
 @pytest.fixture(scope="module")
@@ -168,6 +161,9 @@ def test_a_killed_rank_restarts_inside_the_allocation_then_through_the_queue(
         "checkpoint.every_steps=150",
         *snapshots_in(tmp_path),
         "requeue.in_job_restarts=1",
+        # Each restart as a new srun step, the way without the resident launcher (the test
+        # below forks in the same step).
+        "requeue.resident_launcher=false",
     )
     job = run_job_id(run)
     chooser = random.Random()
@@ -306,11 +302,8 @@ def test_with_a_resident_launcher_a_killed_rank_is_forked_again_in_the_same_step
     at = random.Random().choice([s for s in range(200, 600, SNAPSHOT_EVERY) if 40 <= s % 150 <= 100])
     print(f"killing rank 3 once the snapshot of step {at} is there")
     wait_until(f"the snapshot of step {at}", lambda: newest_snapshot(tmp_path) >= at, timeout=300)
-    # The task stays: the rank is its child (rank_pid would name the task).
-    task = rank_pid(run, 3)
-    (rank,) = [pid for pid in rank_pids(run, rank=3) if parent_pid(pid) == task]
     killed_at = time.time()
-    os.kill(rank, signal.SIGKILL)
+    os.kill(rank_pid(run, 3), signal.SIGKILL)
     assert wait_for_job(job, slurm_env, timeout=300) == "COMPLETED"
     failed, completed = ends(run)
     assert failed["reason"] == "failure" and failed["in_job"] is True, failed

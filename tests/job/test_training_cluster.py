@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import QUICKSTART, only_run, rank_pids, slurmddp, wait_for_job
+from conftest import QUICKSTART, only_run, rank_mains, slurmddp, wait_for_job
 from quickstart_runs import (
     TRAIN_SAMPLES,
     assert_every_sample_once_per_epoch,
@@ -215,7 +215,7 @@ def preempt_frozen(env: dict[str, str], tmp: Path, run: Path) -> None:
     the machine's speed. With the ranks stopped (SIGSTOP) until Slurm's USR2 has reached them, they
     stop LEAD or so steps after the one they stood at, where the test aimed.
     """
-    pids = rank_main_pids(run)
+    pids = rank_mains(run)
     assert pids, f"no rank processes of {run}"
     for pid in pids:
         os.kill(pid, signal.SIGSTOP)
@@ -233,12 +233,6 @@ def preempt_frozen(env: dict[str, str], tmp: Path, run: Path) -> None:
         for pid in pids:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGCONT)
-
-
-def rank_main_pids(run: Path) -> list[int]:
-    """The ranks' own processes, without their loader workers (forked, with the same command line)."""
-    pids = set(rank_pids(run))
-    return sorted(pid for pid in pids if proc_status(pid).get("PPid") not in {str(p) for p in pids})
 
 
 def proc_status(pid: int) -> dict[str, str]:

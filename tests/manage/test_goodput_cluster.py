@@ -16,10 +16,9 @@ from typing import Any
 import pytest
 from conftest import (
     QUICKSTART,
-    parent_pid,
     preempt_with_high_job,
     progress_step,
-    rank_pids,
+    rank_pid,
     run_job_id,
     slurmddp,
     submit_run,
@@ -81,8 +80,7 @@ def test_status_shows_the_goodput_and_its_split_as_the_attempt_records_say(
         experiment=QUICKSTART,
     )
     wait_until("step 150", lambda: progress_step(run) >= 150, timeout=240)
-    (rank,) = [pid for pid in rank_pids(run, rank=1) if parent_pid(pid) not in rank_pids(run, rank=1)]
-    os.kill(rank, signal.SIGKILL)
+    os.kill(rank_pid(run, 1), signal.SIGKILL)
     wait_until("the restart", lambda: len([e for e in events(run) if e["event"] == "begin"]) == 2)
     wait_until("step 450", lambda: progress_step(run) >= 450, timeout=240)
     preempt_with_high_job(slurm_env, tmp_path)

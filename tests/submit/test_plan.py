@@ -21,7 +21,7 @@ from slurmddp.experiment.schema import Telemetry, Trackers
 from slurmddp.manage.actions import last_save_seconds
 from slurmddp.manage.signal_lead import short_lead_warning
 from slurmddp.rundir.layout import new_run_dir
-from slurmddp.submit.plan import SubmissionPlan, build
+from slurmddp.submit.plan import SubmissionPlan, build, resident
 
 HOSTILE = "$(touch {pwn}) `touch {pwn}` 'q' \"dq\" ;touch {pwn}; a b"
 
@@ -294,3 +294,39 @@ def test_the_batch_script_sets_snapshots_up_only_for_a_training_function_that_ta
     # A script's framework saves its own way: no folder, no task to remove it.
     script = ("entrypoint.function=null", "entrypoint.script=quickstart_train.py")
     assert of(*script, "checkpoint.snapshot_every_steps=5") is None
+
+
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        ((), True),
+        (("dist.launcher=mpi",), False),
+        (("requeue.resident_launcher=false",), False),
+        (("requeue.resident_launcher=true",), True),
+    ],
+)
+def test_the_resident_launcher_is_on_unless_mpi_starts_the_ranks_or_it_is_turned_off(
+    overrides: tuple[str, ...], expected: bool
+) -> None:
+    assert resident(load_experiment(QUICKSTART, overrides).experiment) is expected
+
+
+@pytest.mark.parametrize("resident_launcher", ["null", "false"])
+def test_the_ranks_variables_torch_reads_at_import_are_exported_before_a_resident_task_imports_it(
+    tmp_path: Path, resident_launcher: str
+) -> None:
+    """A resident task imports torch before it forks a rank: TORCHDYNAMO_* and OMP_NUM_THREADS
+    must be in its environment already. Without the launcher, the rank sets them itself."""
+    overrides = [
+        f"output_dir={tmp_path}",
+        "fabric.env={TORCHDYNAMO_VERBOSE: '1'}",
+        "resources.cpus_per_task=3",
+        f"requeue.resident_launcher={resident_launcher}",
+    ]
+    loaded = load_experiment(QUICKSTART, overrides)
+    run_dir = new_run_dir(loaded.experiment.output_dir, loaded.experiment.name)
+    script = build(
+        loaded, executor="slurm", workdir=ROOT, run_dir=run_dir, interpreter="python3"
+    ).batch_script()
+    exported = {"export TORCHDYNAMO_VERBOSE=1", "export OMP_NUM_THREADS=3"} <= set(script.splitlines())
+    assert exported is (resident_launcher == "null"), script

@@ -1,6 +1,7 @@
 """The requeue policy: how an attempt ended and whether the run goes around again, as rules read top
 to bottom; the first that decides wins. Recovery is a ladder, cheapest first: a new srun step in the
-same allocation, then the queue (without the nodes found bad), then a final reason in plain words.
+same allocation (or, on the same nodes, new ranks the resident launcher forks in the same step),
+then the queue (without the nodes found bad), then a final reason in plain words.
 
     completed             every rank returned (result.json), or they ended 0 without a stop: final
     local_failure         a failure of a local run (its controller never starts one again): final
@@ -9,7 +10,7 @@ same allocation, then the queue (without the nodes found bad), then a final reas
     same_failure_twice    the failure before it again (`signature`), no step gained: final
     nodes_needed          bad nodes for the queue to leave out that the job cannot run without: final
     restart_on_spare      a bad or suspected node, a spare for it, restarts left: a new step on the spare
-    restart_in_job        nothing to leave out, restarts without progress left: a new step in place
+    restart_in_job        nothing to leave out, restarts without progress left: the same nodes again
     budget_spent          the requeue budget of the reason (preemption, timeout, failure) spent: final
     last_start            the scheduler starts the job no more (LOCAL_STARTS of a local run): final
     through_the_queue     otherwise: requeued, leaving out the nodes found bad

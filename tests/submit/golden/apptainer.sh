@@ -35,6 +35,12 @@ command srun --overlap --no-kill --kill-on-bad-exit=0 --nodes="$SLURM_JOB_NUM_NO
   --ntasks-per-node=1 --job-name=slurmddp-snapshots --output=/dev/null --error=/dev/null \
   bash -c 'trap "" USR1 USR2 INT HUP; trap "rm -rf \"\$SLURMDDP_SNAPSHOTS\"; exit 0" TERM; while :; do sleep 3600 & wait $!; done' &
 export SLURMDDP_IN_JOB_RESTART=0
+# slurmddp: each task of the training step stays for the allocation and forks its rank; a restart on
+# the same nodes forks the next attempt's ranks in the same step (requeue.resident_launcher).
+export SLURMDDP_RESIDENT=1
+# torch reads some of the ranks' variables as it is imported (OMP_NUM_THREADS, TORCH_LOGS,
+# TORCHDYNAMO_*), and each task imports it before it forks its rank.
+export OMP_NUM_THREADS=1
 slurmddp_place=$(PYTHON -m slurmddp.job.allocation.attempts begin RUN_DIR)
 slurmddp_begin=$?
 # 3: the run already ended for good (completed or out of budget); anything else non-zero: broken.
