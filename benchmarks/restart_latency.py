@@ -60,7 +60,7 @@ from labjobs import (
 
 from slurmddp.cluster import hostlist
 
-Row = tuple[float, float, float, bool, int, str]
+Row = tuple[float, float, float, bool, int, str, str]
 
 
 EXAMPLES = {
@@ -133,7 +133,19 @@ def one(out: Path, example: str, scenario: str, kill_at: int, reference: str, ex
         requeued(job_id(run)),
         end["step"] - first["started_step"],
         snapshot_interval(run),
+        resumed_from(run),
     )
+
+
+def resumed_from(run: Path) -> str:
+    """What the restarted attempt's rank 0 said it resumed from (the last such line of its logs)."""
+    said = [
+        line.removeprefix("slurmddp: resumed from ")
+        for log in sorted((run / "logs").glob("*_0_log.out"))
+        for line in log.read_text().splitlines()
+        if line.startswith("slurmddp: resumed from ")
+    ]
+    return said[-1] if said else "?"
 
 
 def snapshot_interval(run: Path) -> str:
@@ -204,11 +216,11 @@ def main() -> None:
                 kill_at = chooser.randrange(150, 450)
                 row = one(Path(tmp), args.example, name, kill_at, reference, extra)
                 rows[name].append(row)
-                teardown, relaunch, first, queued, redone, interval = row
+                teardown, relaunch, first, queued, redone, interval, resumed = row
                 print(
                     f"round {round_ + 1} {name:6} killed at step {kill_at}: teardown {teardown:.1f} s, "
                     f"relaunch {relaunch:.1f} s, first step {first:.1f} s, total {sum(row[:3]):.1f} s, "
-                    f"{redone} steps redone (snapshots every {interval}), "
+                    f"{redone} steps redone (snapshots every {interval}; resumed from {resumed}), "
                     f"{'through the queue (REQUEUED)' if queued else 'no requeue'}, bit-identical",
                     flush=True,
                 )
