@@ -214,15 +214,10 @@ sys.path.insert(0, sys.argv[1])
 from pathlib import Path
 from slurmddp.job.launch import resident
 env = {"SLURM_JOB_ID": "77", "SLURM_PROCID": "1", "SLURM_STEP_NUM_TASKS": "2"}
-resident.supervise(lambda: sys.exit(5), Path(sys.argv[2]), Path(sys.argv[2]), env)
+resident.supervise(lambda: sys.exit(5), Path(sys.argv[2]), Path(sys.argv[2]), env, ("TERM",))
 """
-    command = [sys.executable, "-c", script, str(Path(__file__).parents[2]), str(tmp_path)]
-    task = subprocess.Popen(command)
     report = tmp_path / "resident" / "77.0.0" / "task-1"
-    deadline = time.monotonic() + 60
-    while not report.exists():
-        assert time.monotonic() < deadline and task.poll() is None
-        time.sleep(0.05)
+    task = task_until(script, tmp_path, report)
     task.send_signal(signal.SIGTERM)
     assert task.wait(5) == 5
     assert report.read_text() == "5\n"
@@ -237,14 +232,12 @@ import os, signal, sys, time
 sys.path.insert(0, sys.argv[1])
 from pathlib import Path
 from slurmddp.job.launch import resident
-from slurmddp.job.process import signals
-signals.install(("TERM",))
 def rank():
     os.kill(os.getppid(), signal.SIGTERM)
     time.sleep(0.2)
     sys.exit(1)
 env = {"SLURM_JOB_ID": "77", "SLURM_PROCID": "0", "SLURM_STEP_NUM_TASKS": "2"}
-resident.supervise(rank, Path(sys.argv[2]), Path(sys.argv[2]), env)
+resident.supervise(rank, Path(sys.argv[2]), Path(sys.argv[2]), env, ("TERM",))
 """
     command = [sys.executable, "-c", script, str(Path(__file__).parents[2]), str(tmp_path)]
     began = time.monotonic()
@@ -252,3 +245,37 @@ resident.supervise(rank, Path(sys.argv[2]), Path(sys.argv[2]), env)
     assert proc.returncode == 1, proc.stderr
     assert not (tmp_path / "resident").exists(), "the task reported and waited for a verdict"
     assert time.monotonic() - began < resident.REPORT_WAIT_S
+
+
+def test_a_stop_signal_to_the_task_reaches_its_rank(tmp_path: Path) -> None:
+    """A container runtime hands Slurm's signals to the container's first process only (runc):
+    the task. Its rank hears of the preemption all the same, and stops (here: exits 7)."""
+    started = tmp_path / "started"
+    script = f"""
+import sys, time
+sys.path.insert(0, sys.argv[1])
+from pathlib import Path
+from slurmddp.job.launch import resident
+from slurmddp.job.process import signals
+def rank():
+    open({str(started)!r}, "w").close()
+    deadline = time.monotonic() + 30
+    while signals.received() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    sys.exit(7 if signals.received() is not None else 1)
+env = {{"SLURM_JOB_ID": "77", "SLURM_PROCID": "0", "SLURM_STEP_NUM_TASKS": "1"}}
+resident.supervise(rank, Path(sys.argv[2]), Path(sys.argv[2]), env, ("USR2", "TERM"))
+"""
+    task = task_until(script, tmp_path, started)
+    task.send_signal(signal.SIGUSR2)
+    assert task.wait(20) == 7
+
+
+def task_until(script: str, tmp_path: Path, there: Path) -> subprocess.Popen[bytes]:
+    """`script` (argv: the repository, tmp_path) started as a task, once `there` exists."""
+    task = subprocess.Popen([sys.executable, "-c", script, str(Path(__file__).parents[2]), str(tmp_path)])
+    deadline = time.monotonic() + 60
+    while not there.exists():
+        assert time.monotonic() < deadline and task.poll() is None
+        time.sleep(0.05)
+    return task

@@ -124,6 +124,7 @@ def test_with_replace_slow_nodes_a_slow_node_is_swapped_for_the_spare_at_the_nex
         wait_until("the slowed attempt's end", lambda: bool(ends(run)), timeout=120)
     job = run_job_id(run)
     assert wait_for_job(job, slurm_env, timeout=300) == "COMPLETED"
+    assert len(ends(run)) == 2, ends(run)
     first, last = ends(run)
     assert first["reason"] == "failure" and first["in_job"] is True, first
     assert "node2: slow: " in first["message"] and "on node3 instead" in first["message"], first

@@ -61,7 +61,7 @@ def _resident(argv: list[str], stop_signals: tuple[str, ...]) -> None:
     folder = Path(trust.runner_folder(argv[2:]))
     run_dir = run_dir_of(folder, os.environ)
     if run_dir is not None:
-        resident.supervise(lambda: _run(argv, stop_signals), run_dir, folder, os.environ)
+        resident.supervise(lambda: _run(argv, stop_signals), run_dir, folder, os.environ, stop_signals)
 
 
 def _run(argv: list[str], stop_signals: tuple[str, ...]) -> None:

@@ -42,10 +42,24 @@ VERDICT_WAIT_S = 30.0
 POLL_S = 0.02
 END = "end"
 
+_rank: int | None = None
+"""The rank this task forked and waits for, where stop signals go on to."""
 
-def supervise(run_rank: Callable[[], None], run_dir: Path, logs: Path, env: Mapping[str, str]) -> NoReturn:
+
+def supervise(
+    run_rank: Callable[[], None],
+    run_dir: Path,
+    logs: Path,
+    env: Mapping[str, str],
+    stop_signals: tuple[str, ...],
+) -> NoReturn:
     """Run `run_rank` in a forked child, again after every crash the run restarts in place;
-    exit with the last rank's status. `logs`: submitit's folder of the ranks' logs."""
+    exit with the last rank's status. `logs`: submitit's folder of the ranks' logs;
+    `stop_signals`: the signals the ranks stop on, which this task passes on to its rank."""
+    # A container runtime hands Slurm's signals to the container's first process only (runc's
+    # `run`, Slurm's OCI support): that is this task, not its rank, which must hear of a
+    # preemption all the same. Outside a container the rank gets them twice; it acts on the first.
+    signals.install(stop_signals, then=_forward)
     # Loader workers orphaned by a dead rank come back to this process, which ends them: their
     # copies of the rank's sockets would hold the peers' connections open.
     ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
@@ -82,8 +96,10 @@ def supervise(run_rank: Callable[[], None], run_dir: Path, logs: Path, env: Mapp
 def _run_child(run_rank: Callable[[], None], in_job_restart: int) -> int:
     """Fork the rank and wait for it (and for what it left behind); its status as srun reports
     one: the exit code, or 128 + the signal that ended it."""
+    global _rank
     pid = os.fork()
     if pid == 0:
+        _rank = None
         os.environ[IN_JOB_RESTART_ENV] = str(in_job_restart)
         code = 1
         try:
@@ -98,11 +114,23 @@ def _run_child(run_rank: Callable[[], None], in_job_restart: int) -> int:
             sys.stdout.flush()
             sys.stderr.flush()
             os._exit(code)
+    _rank = pid
+    early = signals.received()
+    if early is not None:
+        # Recorded between the fork and the line above, where it went to no rank.
+        _forward(early)
     _, wait_status = os.waitpid(pid, 0)
+    _rank = None
     _end_orphans()
     if os.WIFSIGNALED(wait_status):
         return 128 + os.WTERMSIG(wait_status)
     return os.WEXITSTATUS(wait_status)
+
+
+def _forward(signum: int) -> None:
+    if _rank is not None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(_rank, signum)
 
 
 def _end_orphans() -> None:
