@@ -132,6 +132,34 @@ def test_the_chosen_interval_keeps_the_measured_cost_under_one_percent_of_a_step
     assert Cadence(every=10).interval() == 10
 
 
+def test_an_epochs_validation_is_not_timed_as_a_step() -> None:
+    """The steps of the test above, with a 0.5 s validation every 22 steps: flagged as a pause, the
+    interval stays what the steps alone give. Timed as a step it skews the step times: here (no
+    write in flight) snapshots every 2 steps."""
+
+    def intervals(flagged: bool) -> list[int]:
+        cadence = Cadence()
+        now, due, busy_until, chosen = 0.0, [], -1, []
+        for step in range(600):
+            busy = step < busy_until
+            paused = step % 22 in (0, 1) and step > 0
+            if cadence.due_after(step, now, busy, first_step=0, paused=flagged and paused):
+                due.append(step + 1)
+            chosen.append(cadence.interval())
+            now += 0.012 if busy else 0.010
+            if step % 22 == 21:
+                now += 0.5
+            if due and due[-1] == step + 1:
+                cadence.write_s = 0.008
+                cadence.took(step + 1, 0.001)
+                busy_until = step + 3
+                now += 0.001
+        return chosen[100:]
+
+    assert set(intervals(flagged=True)) <= {50, 51}
+    assert not set(intervals(flagged=False)) <= {50, 51}
+
+
 def test_snapshot_dir_must_be_an_absolute_path() -> None:
     with pytest.raises(ConfigError, match=r"checkpoint.snapshot_dir: 'shm' is not an absolute path"):
         Checkpoint(snapshot_dir="shm")

@@ -77,15 +77,19 @@ class Cadence:
             return 1
         return max(1, math.ceil(cost / (BUDGET * self.idle_step_s)))
 
-    def due_after(self, step: int, now: float, busy: bool, first_step: int) -> bool:
+    def due_after(self, step: int, now: float, busy: bool, first_step: int, paused: bool = False) -> bool:
         """At the boundary before `step` (the clock `now`, this node's write in flight or not):
-        should every rank take one at the next boundary, after `step + 1` steps?"""
+        should every rank take one at the next boundary, after `step + 1` steps? `paused`: the
+        time since the last boundary holds more than steps (an epoch's validation, the next
+        epoch's loader start)."""
         if self._tick is not None:
             last_step, last_at, was_busy = self._tick
             steps = max(1, step - last_step)
-            # The resumed attempt's first step (slow) and the steps that include a snapshot's own
-            # part on the training path (timed apart) are not steps of either kind.
-            if step > first_step + 1 and not self._took:
+            # The resumed attempt's first step (slow), the steps that include a snapshot's own part
+            # on the training path (timed apart) and a pause are not steps of either kind: an
+            # epoch's validation timed as a step (0.5 s against 20 ms steps) skews whichever
+            # estimate it lands in, and with it the interval.
+            if step > first_step + 1 and not self._took and not paused:
                 per_step = (now - last_at) / steps
                 if was_busy:
                     self.busy_step_s = _ema(self.busy_step_s, per_step)

@@ -569,8 +569,12 @@ class TrainLoop:
         )
         self._flags[2] = int(self.rank == 0 and self.telemetry is not None and self.telemetry.due())
         snapshots = self.snapshots
+        # Since the last boundary: an epoch's end (its validation), or the next epoch's first step.
+        paused = self.data is not None and self.step % self.data.steps_per_epoch in (0, 1)
         self._flags[3] = int(
-            self.rank == 0 and snapshots is not None and snapshots.due_after(self.step, self.first_step)
+            self.rank == 0
+            and snapshots is not None
+            and snapshots.due_after(self.step, self.first_step, paused)
         )
         self._flags[4] = int(snapshots is not None and snapshots.busy())
         self._flags[5] = int(self._slow_to_replace is not None and self._slow_to_replace() is not None)

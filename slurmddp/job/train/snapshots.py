@@ -102,10 +102,10 @@ class Snapshots:
 
     # -- when -----------------------------------------------------------------------------------
 
-    def due_after(self, step: int, first_step: int) -> bool:
+    def due_after(self, step: int, first_step: int, paused: bool) -> bool:
         """Rank 0, at the boundary before `step`: should every rank take one at the next boundary
-        (after `step + 1` steps)?"""
-        return self.cadence.due_after(step, time.perf_counter(), self.busy(), first_step)
+        (after `step + 1` steps)? `paused`: see Cadence.due_after."""
+        return self.cadence.due_after(step, time.perf_counter(), self.busy(), first_step, paused)
 
     def busy(self) -> bool:
         """This node is still writing the last one (the next waits until no node is)."""
