@@ -149,12 +149,15 @@ def resumed_from(run: Path) -> str:
 
 
 def snapshot_interval(run: Path) -> str:
-    """The in-memory snapshots' interval the killed attempt's rank 0 announced ("?": none)."""
-    for log in sorted((run / "logs").glob("*_0_log.out")):
-        for line in log.read_text().splitlines():
-            if "in-memory snapshots every " in line:
-                return line.split("every ", 1)[1].split()[0]
-    return "?"
+    """The in-memory snapshots' intervals rank 0 announced, in order (it says the interval again
+    where it moved); "?": none."""
+    said = [
+        line.split("every ", 1)[1].split()[0]
+        for log in sorted((run / "logs").glob("*_0_log.out"))
+        for line in log.read_text().splitlines()
+        if "in-memory snapshots every " in line
+    ]
+    return ", ".join(said) or "?"
 
 
 def silence(node: str) -> Callable[[], None]:

@@ -160,6 +160,13 @@ def test_an_epochs_validation_is_not_timed_as_a_step() -> None:
     assert not set(intervals(flagged=False)) <= {50, 51}
 
 
+def test_the_interval_is_said_again_where_it_moved_by_half_or_twice() -> None:
+    cadence = Cadence(every=10)
+    assert cadence.worth_saying(None)
+    assert not cadence.worth_saying(10) and not cadence.worth_saying(6) and not cadence.worth_saying(19)
+    assert cadence.worth_saying(5) and cadence.worth_saying(20) and cadence.worth_saying(100)
+
+
 def test_snapshot_dir_must_be_an_absolute_path() -> None:
     with pytest.raises(ConfigError, match=r"checkpoint.snapshot_dir: 'shm' is not an absolute path"):
         Checkpoint(snapshot_dir="shm")

@@ -77,6 +77,12 @@ class Cadence:
             return 1
         return max(1, math.ceil(cost / (BUDGET * self.idle_step_s)))
 
+    def worth_saying(self, said: int | None) -> bool:
+        """Whether the interval has moved enough from the one last said (`said`; None: none yet)
+        for the log to say it again: half or twice as many steps."""
+        now = self.interval()
+        return said is None or now >= 2 * said or 2 * now <= said
+
     def due_after(self, step: int, now: float, busy: bool, first_step: int, paused: bool = False) -> bool:
         """At the boundary before `step` (the clock `now`, this node's write in flight or not):
         should every rank take one at the next boundary, after `step + 1` steps? `paused`: the

@@ -88,6 +88,8 @@ class Snapshots:
         """When to take one: rank 0's to decide."""
         self.taken = 0
         """Snapshots rank 0 took in this attempt."""
+        self.said: int | None = None
+        """The interval rank 0's log said last."""
         self._gathering: _Gathering | None = None
 
     @classmethod
@@ -148,8 +150,9 @@ class Snapshots:
         self.cadence.write_s = self.node.write_s if self.node is not None else 0.0
         self.cadence.took(step, time.perf_counter() - began)
         self.taken += 1
-        if self.rank == 0 and self.taken == 3:
-            # By the third, the first write's effect on the steps it overlapped is measured.
+        # By the third, the first write's effect on the steps it overlapped is measured; after it,
+        # the log says the interval again where it moved (restarts redo up to the one in effect).
+        if self.rank == 0 and self.taken >= 3 and self.cadence.worth_saying(self.said):
             self._say_interval()
 
     def settle(self) -> None:
@@ -198,7 +201,8 @@ class Snapshots:
             f"{1000 * (cadence.sync_s or 0):.2f} of it on the training path; a step "
             f"{1000 * (cadence.idle_step_s or 0):.1f} ms"
         )
-        print(f"slurmddp: in-memory snapshots every {cadence.interval()} steps ({how})", flush=True)
+        self.said = cadence.interval()
+        print(f"slurmddp: in-memory snapshots every {self.said} steps ({how})", flush=True)
 
     def clear(self) -> None:
         """Every rank: the run saved what it needs on disk, or ended: free the node's memory."""
