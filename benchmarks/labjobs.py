@@ -11,8 +11,11 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 SYNTHETIC = ROOT / "examples" / "synthetic.yaml"
-# The lab's own daemon control (tests/lab_control.py), which the tests use too.
+# The lab's own daemon control (tests/lab_control.py) and process finding (tests/lab_processes.py),
+# which the tests use too.
 sys.path.insert(0, str(ROOT / "tests"))
+
+from lab_processes import resident_task  # noqa: E402
 
 
 def submit(out: Path, *overrides: str, experiment: Path = SYNTHETIC) -> Path:
@@ -95,14 +98,7 @@ def rank_processes(run: Path, variable: str) -> list[int]:
     """`run_processes` without the tasks that stay (requeue.resident_launcher): the ranks and
     their loader workers only."""
     found = run_processes(run, variable)
-    return [pid for pid, parent in found.items() if parent in found or not _resident(pid)]
-
-
-def _resident(pid: int) -> bool:
-    try:
-        return RESIDENT in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-    except OSError:
-        return False
+    return [pid for pid, parent in found.items() if parent in found or not resident_task(pid)]
 
 
 def rank_pid(run: Path, rank: int) -> int:
@@ -110,15 +106,11 @@ def rank_pid(run: Path, rank: int) -> int:
     requeue.resident_launcher, the task's child, not the task that stays."""
     found = run_processes(run, f"SLURM_PROCID={rank}")
     mains = [pid for pid, parent in found.items() if parent not in found]
-    if len(mains) == 1 and _resident(mains[0]):
+    if len(mains) == 1 and resident_task(mains[0]):
         mains = [pid for pid, parent in found.items() if parent == mains[0]]
     if len(mains) != 1:
         raise SystemExit(f"rank {rank} of {run}: found processes {found}")
     return mains[0]
-
-
-RESIDENT = b"SLURMDDP_RESIDENT=1"
-"""In the environment of a task that forks its rank (requeue.resident_launcher)."""
 
 
 def records(run: Path) -> list[dict[str, Any]]:

@@ -139,25 +139,26 @@ def one(out: Path, example: str, scenario: str, kill_at: int, reference: str, ex
 
 def resumed_from(run: Path) -> str:
     """What the restarted attempt's rank 0 said it resumed from (the last such line of its logs)."""
-    said = [
-        line.removeprefix("slurmddp: resumed from ")
-        for log in sorted((run / "logs").glob("*_0_log.out"))
-        for line in log.read_text().splitlines()
-        if line.startswith("slurmddp: resumed from ")
-    ]
+    said = rank_0_said(run, "slurmddp: resumed from ")
     return said[-1] if said else "?"
 
 
 def snapshot_interval(run: Path) -> str:
     """The in-memory snapshots' intervals rank 0 announced, in order (it says the interval again
     where it moved); "?": none."""
-    said = [
-        line.split("every ", 1)[1].split()[0]
+    return (
+        ", ".join(line.split()[0] for line in rank_0_said(run, "slurmddp: in-memory snapshots every ")) or "?"
+    )
+
+
+def rank_0_said(run: Path, prefix: str) -> list[str]:
+    """The rest of each line of rank 0's logs (every attempt's) that starts with `prefix`."""
+    return [
+        line.removeprefix(prefix)
         for log in sorted((run / "logs").glob("*_0_log.out"))
         for line in log.read_text().splitlines()
-        if "in-memory snapshots every " in line
+        if line.startswith(prefix)
     ]
-    return ", ".join(said) or "?"
 
 
 def silence(node: str) -> Callable[[], None]:

@@ -304,9 +304,9 @@ class Requeue:
     in_job_restarts: int = IN_JOB_RESTARTS
     """Restarts after a crash inside the allocation, from the newest in-memory snapshot or
     checkpoint (the same srun step's ranks forked again by the resident launcher, else a new
-    step), before the job goes back to the queue. Only restarts in a row that gained no step count (a run
-    that keeps getting further keeps its allocation), and the count goes on across requeues.
-    0: every crash requeues."""
+    step), before the job goes back to the queue. Only restarts in a row that gained no step
+    count (a run that keeps getting further keeps its allocation), and the count goes on across
+    requeues. 0: every crash requeues."""
     resident_launcher: bool | None = None
     """Each task of the training step stays for the allocation, holding torch imported, and forks
     its rank: a restart in the allocation on the same nodes forks the next attempt's ranks in the
