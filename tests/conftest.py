@@ -17,8 +17,8 @@ the `process` marker, and one not marked that starts one fails (tests/process_ru
 Under pytest-xdist (`-n N --dist loadgroup`, what scripts/test.sh runs) each worker starts labs of
 its own (`SLURMDDP_LAB_INSTANCE`: own bridge, namespaces, ports), so tests that preempt with a
 whole-cluster job, take a node down or slow a link never meet another test's job. A module's tests
-on one generation stay on one worker (an `xdist_group`), so its module-scoped reference runs are
-made once.
+on one generation stay on one worker (an `xdist_group`, `lab_group`), and so do a module's tests
+that start processes and share a module-scoped fixture: its reference runs are made once.
 
 No test touches the user's own state: every test gets its own XDG_STATE_HOME (slurmddp's index of
 submissions), XDG_CONFIG_HOME and XDG_DATA_HOME (`own_user_state`), the session its own caches, and
@@ -236,6 +236,24 @@ RERUN_REASON_LINES = 12
 """Lines of a first run's failure shown under its `RERUN` line."""
 
 
+def lab_group(nodeid: str, generation: str) -> str:
+    """The xdist group of a lab test: its module on its generation. No "]" in it: xdist's
+    loadgroup takes a nodeid's group only where its last "@" comes after its last "]"; a name
+    ending in "]" made each test a group of its own, and every test set up its module's
+    reference runs (and OCI bundle) again."""
+    return f"{nodeid.split('::', 1)[0]}:{generation}"
+
+
+def shares_a_module_fixture(item: pytest.Item) -> bool:
+    """Whether the test uses a module-scoped fixture (an uninterrupted reference run): its
+    module's tests then go to one xdist worker, which makes the fixture once. Tests scheduled one
+    by one made it again on every worker, and again whenever a worker came back to the module."""
+    defs = getattr(item, "_fixtureinfo", None)
+    return defs is not None and any(
+        chain[-1].scope == "module" for chain in defs.name2fixturedefs.values() if chain
+    )
+
+
 @pytest.hookimpl(tryfirst=True)  # before xdist's loadgroup reads the xdist_group marks
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
@@ -243,9 +261,13 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.slurm)
         callspec = getattr(item, "callspec", None)
         if callspec is not None and "slurm_generation" in callspec.params:
-            module = item.nodeid.split("::", 1)[0]
-            item.add_marker(pytest.mark.xdist_group(f"{module}[{callspec.params['slurm_generation']}]"))
+            group = lab_group(item.nodeid, callspec.params["slurm_generation"])
+            item.add_marker(pytest.mark.xdist_group(group))
     mark_process_tests(items)
+    for item in items:
+        grouped = item.get_closest_marker("xdist_group") is not None
+        if item.get_closest_marker("process") and not grouped and shares_a_module_fixture(item):
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::", 1)[0]))
     for item in items:
         if item.get_closest_marker("slurm") or item.get_closest_marker("process"):
             item.add_marker(pytest.mark.flaky(reruns=LOADED_RERUNS))

@@ -48,7 +48,7 @@ def test_a_failing_rank_fails_the_run(tmp_path: Path) -> None:
 def test_stop_signal_saves_and_resumes_bit_exact(tmp_path: Path) -> None:
     """USR2 to every rank mid-run: they stop at one step, save, restart and finish with the
     parameters of an uninterrupted run, bit for bit."""
-    args = (str(ROOT / "examples" / "synthetic.yaml"), "train.steps=1200", "resources.nodes=1")
+    args = (str(ROOT / "examples" / "synthetic.yaml"), "train.steps=600", "resources.nodes=1")
     (tmp_path / "ref").mkdir()
     reference = submit(tmp_path / "ref", *args)
     assert reference.returncode == 0, reference.stdout + reference.stderr
@@ -62,8 +62,8 @@ def test_stop_signal_saves_and_resumes_bit_exact(tmp_path: Path) -> None:
     )
     deadline = time.monotonic() + 120
     progress: list[Path] = []
-    while not progress or json.loads(progress[0].read_text())["step"] < 200:
-        assert time.monotonic() < deadline and proc.poll() is None, "the run ended or stalled before step 200"
+    while not progress or json.loads(progress[0].read_text())["step"] < 150:
+        assert time.monotonic() < deadline and proc.poll() is None, "the run ended or stalled before step 150"
         time.sleep(0.2)
         progress = list(out.glob("runs/synthetic/*/progress.json"))
     run = progress[0].parent
