@@ -17,7 +17,9 @@ The scenarios alternate, --rounds runs each. Per run and as medians it prints:
     relaunch    the end record -> the next attempt's begin record
     first step  that begin -> the restarted attempt's first progress record (its first step done)
     redone      the step the crash stopped the attempt at (its end record) less the step the
-                restarted attempt started from (an in-memory snapshot's, or a checkpoint's)
+                restarted attempt started from (an in-memory snapshot's, or a checkpoint's),
+                against the snapshot interval rank 0 said last before the crash (it says it
+                again where the chosen one moves by half or twice)
 
 and whether the job went through the queue (sacct shows a REQUEUED incarnation). Every run must
 end COMPLETED with the parameters of an uninterrupted run of the same settings, run first.
@@ -39,6 +41,7 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -60,7 +63,23 @@ from labjobs import (
 
 from slurmddp.cluster import hostlist
 
-Row = tuple[float, float, float, bool, int, str, str]
+
+@dataclass(frozen=True)
+class Row:
+    teardown: float
+    relaunch: float
+    first: float
+    queued: bool
+    redone: int
+    interval: int | None
+    """The snapshot interval rank 0 said last before the crash; None: none said."""
+    intervals: str
+    """Every interval rank 0 said, in order."""
+    resumed: str
+
+    @property
+    def total(self) -> float:
+        return self.teardown + self.relaunch + self.first
 
 
 EXAMPLES = {
@@ -126,12 +145,13 @@ def one(out: Path, example: str, scenario: str, kill_at: int, reference: str, ex
         raise SystemExit(f"{run}: ended {final['reason']}: {final['message']}")
     if digest(run) != reference:
         raise SystemExit(f"{run}: completed on other parameters than the uninterrupted run")
-    return (
+    return Row(
         end["time"] - killed_at,
         began["time"] - end["time"],
         first["time"] - began["time"],
         requeued(job_id(run)),
         end["step"] - first["started_step"],
+        interval_before_the_crash(run),
         snapshot_interval(run),
         resumed_from(run),
     )
@@ -139,16 +159,29 @@ def one(out: Path, example: str, scenario: str, kill_at: int, reference: str, ex
 
 def resumed_from(run: Path) -> str:
     """What the restarted attempt's rank 0 said it resumed from (the last such line of its logs)."""
-    said = rank_0_said(run, "slurmddp: resumed from ")
+    said = rank_0_said(run, RESUMED)
     return said[-1] if said else "?"
+
+
+INTERVAL_SAID = "slurmddp: in-memory snapshots every "
+RESUMED = "slurmddp: resumed from "
 
 
 def snapshot_interval(run: Path) -> str:
     """The in-memory snapshots' intervals rank 0 announced, in order (it says the interval again
     where it moved); "?": none."""
-    return (
-        ", ".join(line.split()[0] for line in rank_0_said(run, "slurmddp: in-memory snapshots every ")) or "?"
-    )
+    return ", ".join(line.split()[0] for line in rank_0_said(run, INTERVAL_SAID)) or "?"
+
+
+def interval_before_the_crash(run: Path) -> int | None:
+    """The interval rank 0 said last before the restarted attempt said what it resumed from."""
+    said = None
+    for line in rank_0_said(run, ""):
+        if line.startswith(RESUMED):
+            break
+        if line.startswith(INTERVAL_SAID):
+            said = int(line.removeprefix(INTERVAL_SAID).split()[0])
+    return said
 
 
 def rank_0_said(run: Path, prefix: str) -> list[str]:
@@ -220,22 +253,25 @@ def main() -> None:
                 kill_at = chooser.randrange(150, 450)
                 row = one(Path(tmp), args.example, name, kill_at, reference, extra)
                 rows[name].append(row)
-                teardown, relaunch, first, queued, redone, interval, resumed = row
                 print(
-                    f"round {round_ + 1} {name:6} killed at step {kill_at}: teardown {teardown:.1f} s, "
-                    f"relaunch {relaunch:.1f} s, first step {first:.1f} s, total {sum(row[:3]):.1f} s, "
-                    f"{redone} steps redone (snapshots every {interval}; resumed from {resumed}), "
-                    f"{'through the queue (REQUEUED)' if queued else 'no requeue'}, bit-identical",
+                    f"round {round_ + 1} {name:6} killed at step {kill_at}: teardown {row.teardown:.1f} s, "
+                    f"relaunch {row.relaunch:.1f} s, first step {row.first:.1f} s, total {row.total:.1f} s, "
+                    f"{row.redone} steps redone (snapshots every {row.interval} steps said last before "
+                    f"the crash; all said: {row.intervals}; resumed from {row.resumed}), "
+                    f"{'through the queue (REQUEUED)' if row.queued else 'no requeue'}, bit-identical",
                     flush=True,
                 )
     for name, values in rows.items():
-        medians = [statistics.median(v[i] for v in values) for i in range(3)]
-        total = statistics.median(sum(v[:3]) for v in values)
-        redone = statistics.median(v[4] for v in values)
+        redone = [v.redone for v in values]
+        within = sum(v.interval is not None and v.redone <= v.interval for v in values)
+        teardown = statistics.median(v.teardown for v in values)
         print(
-            f"{name:6} median of {len(values)}: teardown {medians[0]:.1f} s, relaunch {medians[1]:.1f} s, "
-            f"first step {medians[2]:.1f} s, kill -> first step {total:.1f} s, steps redone {redone:g} "
-            f"(range {min(v[4] for v in values)}-{max(v[4] for v in values)})"
+            f"{name:6} median of {len(values)}: teardown {teardown:.1f} s, "
+            f"relaunch {statistics.median(v.relaunch for v in values):.1f} s, "
+            f"first step {statistics.median(v.first for v in values):.1f} s, "
+            f"kill -> first step {statistics.median(v.total for v in values):.1f} s, "
+            f"steps redone {statistics.median(redone):g} (range {min(redone)}-{max(redone)}; "
+            f"at most the interval said before the crash in {within} of {len(values)})"
         )
 
 
