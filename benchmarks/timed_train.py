@@ -3,7 +3,7 @@ slurmddp's loop hands out each step, for step_time.py and resume_cost.py.
 
     python -m slurmddp submit examples/quickstart.yaml executor=local \\
         entrypoint=benchmarks/timed_train.py:train train.timed=quickstart_train:train \\
-        [train.timed_threads=1] [train.timed_cheap_seeds=true]
+        [train.timed_threads=1] [train.timed_cheap_seeds=true] [train.timed_snapshot_windows=W]
 
 `train.timed` names the function in examples/ (quickstart_train:train, synthetic_train:train);
 `train.timed_threads` calls torch.set_num_threads first (what OMP_NUM_THREADS=1 would give if torch
@@ -11,6 +11,9 @@ were imported after the runtime sets it); `train.timed_cheap_seeds` makes ctx.lo
 reseeding in the workers seed torch's CPU generator directly (torch.default_generator.manual_seed)
 instead of calling torch.manual_seed, which also queues a seed for CUDA, XPU and MTIA and formats
 a stack trace for each: the same values for CPU code, at ~1 us instead of ~370 us a sample.
+`train.timed_snapshot_windows=W` lets in-memory snapshots be taken in every other window of W
+steps only (steps 0 to W-1 with, W to 2W-1 without, ...): the windows without are the same run's
+baseline (snapshot_windows.py); the cadence still sees every boundary.
 Every rank process writes RUN_DIR/timing/rank-R-pid-P.json:
   started      the process's start (/proc/self/stat), on CLOCK_BOOTTIME like every time here
   entered      the entrypoint called (imports, process group, preflight done)
@@ -61,6 +64,10 @@ def train(ctx: RunContext) -> Any:
     record["torch_threads"] = _torch_threads()
     if ctx.train.get("timed_cheap_seeds"):
         _cheap_seeds()
+    windows = ctx.train.get("timed_snapshot_windows")
+    if windows:
+        record["window_steps"] = int(windows)
+        record["snapshots"] = _snapshot_windows(int(windows))
     if str(EXAMPLES) not in sys.path:
         sys.path.insert(0, str(EXAMPLES))
     module, _, name = str(ctx.train.timed).partition(":")
@@ -93,6 +100,24 @@ def train(ctx: RunContext) -> Any:
         folder = ctx.run_dir / "timing"
         folder.mkdir(exist_ok=True)
         (folder / f"rank-{ctx.rank}-pid-{os.getpid()}.json").write_text(json.dumps(record))
+
+
+def _snapshot_windows(steps: int) -> list[int]:
+    """Snapshots due only where the step they keep (the boundary after `step + 1` steps) falls in
+    an even window of `steps` steps; the list the steps they kept are appended to."""
+    from slurmddp.job.train.snapshots import Snapshots
+
+    kept: list[int] = []
+    due_after = Snapshots.due_after
+
+    def windowed(self: Snapshots, step: int, first_step: int, paused: bool) -> bool:
+        due = due_after(self, step, first_step, paused) and (step + 1) // steps % 2 == 0
+        if due:
+            kept.append(step + 1)
+        return due
+
+    Snapshots.due_after = windowed  # type: ignore[method-assign]
+    return kept
 
 
 def _cheap_seeds() -> None:
