@@ -127,3 +127,13 @@ def requeued(job: str) -> bool:
 
 def digest(run: Path) -> str:
     return str(json.loads((run / "result.json").read_text())["result"]["param_sha256"])
+
+
+def rank_0_said(run: Path, prefix: str) -> list[str]:
+    """The rest of each line of rank 0's logs (every attempt's) that starts with `prefix`."""
+    return [
+        line.removeprefix(prefix)
+        for log in sorted((run / "logs").glob("*_0_log.out"))
+        for line in log.read_text().splitlines()
+        if line.startswith(prefix)
+    ]

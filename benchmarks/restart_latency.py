@@ -52,6 +52,7 @@ from labjobs import (
     ends,
     gone,
     job_id,
+    rank_0_said,
     rank_pid,
     read_json,
     records,
@@ -182,16 +183,6 @@ def interval_before_the_crash(run: Path) -> int | None:
         if line.startswith(INTERVAL_SAID):
             said = int(line.removeprefix(INTERVAL_SAID).split()[0])
     return said
-
-
-def rank_0_said(run: Path, prefix: str) -> list[str]:
-    """The rest of each line of rank 0's logs (every attempt's) that starts with `prefix`."""
-    return [
-        line.removeprefix(prefix)
-        for log in sorted((run / "logs").glob("*_0_log.out"))
-        for line in log.read_text().splitlines()
-        if line.startswith(prefix)
-    ]
 
 
 def silence(node: str) -> Callable[[], None]:
