@@ -44,6 +44,7 @@ FIXED_PER_ARRAY = (
     "resources",
     "requeue.signal",
     "requeue.signal_lead_s",
+    "requeue.resident_launcher",
     "dist.launcher",
     "dist.srun_mpi",
     "checkpoint.snapshot_dir",

@@ -112,7 +112,8 @@ def build(
     table = container_table(launches, interpreter) if len(set(launches)) > 1 else ()
     started = None if table else launches[0]
     if executor == "slurm":
-        parameters = slurm_parameters(exp, run_dir, interpreter, submission, slurm_version, table)
+        every = tuple(element.experiment for element, _ in elements)
+        parameters = slurm_parameters(exp, run_dir, interpreter, submission, slurm_version, table, every)
         if started is not None:
             parameters["srun_args"] = [*parameters["srun_args"], *started.srun_args]
         if elements:
@@ -284,6 +285,22 @@ def rank_env(exp: Experiment) -> dict[str, str]:
     return env
 
 
+def import_env_lines(envs: Sequence[dict[str, str]]) -> tuple[str, ...]:
+    """The batch script's exports of the ranks' variables (`rank_env`) for a resident task to
+    import torch with: one set, or where a sweep's elements differ (fabric.env), each array task's."""
+
+    def exports(env: dict[str, str]) -> list[str]:
+        return [f"export {name}={shlex.quote(value)}" for name, value in env.items()]
+
+    if all(env == envs[0] for env in envs):
+        return tuple(exports(envs[0]))
+    return (
+        'case "$SLURM_ARRAY_TASK_ID" in',
+        *(f"  {index}) {'; '.join(exports(env)) or ':'} ;;" for index, env in enumerate(envs)),
+        "esac",
+    )
+
+
 def snapshot_dir(exp: Experiment) -> str | None:
     """Where the batch script keeps the in-memory snapshots: only a `module:function` entrypoint's
     ctx.loop takes them (a script's framework saves its own way), and none with 0."""
@@ -311,10 +328,12 @@ def slurm_parameters(
     submission: int | None = None,
     slurm_version: Version | None = None,
     containers: Sequence[str] = (),
+    elements: Sequence[Experiment] = (),
 ) -> dict[str, Any]:
     """submitit's executor parameters; `containers`: the lines that pick each sweep element's
-    container (`container_table`)."""
+    container (`container_table`); `elements`: a sweep's experiments, one an array task."""
     res = exp.resources
+    every = elements or (exp,)
     submission_args = "" if submission is None else f" --submission {submission}"
     params: dict[str, Any] = {
         "job_name": exp.name,
@@ -336,9 +355,10 @@ def slurm_parameters(
             user_setup=res.setup,
             submission_args=submission_args,
             containers=containers,
-            snapshot_dir=snapshot_dir(exp),
+            # The folder for every element that takes snapshots (its place is the same for all).
+            snapshot_dir=next((found for e in every if (found := snapshot_dir(e)) is not None), None),
             resident=resident(exp),
-            import_env=rank_env(exp),
+            import_env=import_env_lines([rank_env(e) for e in every]),
         ).splitlines(),
         "teardown": render_template(
             "teardown.sh.j2", python=interpreter, run_dir=run_dir, submission_args=submission_args

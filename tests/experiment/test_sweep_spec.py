@@ -143,3 +143,10 @@ def test_overrides_change_the_sweep_and_must_not_clash_with_it(tmp_path: Path) -
     plain.write_text("entrypoint: train.py:main\n")
     with pytest.raises(ConfigError, match="has no sweep: section"):
         load_experiment(plain, ["sweep.max_parallel=2"])
+
+
+def test_docs_list_every_key_a_sweep_cannot_vary() -> None:
+    runs = (Path(__file__).resolve().parents[2] / "docs" / "runs.md").read_text()
+    listed = runs[runs.index("## Sweeps") :].split("\n## ")[0]
+    missing = [key for key in sweeps.FIXED_PER_ARRAY if f"`{key}" not in listed]
+    assert missing == [], f"docs/runs.md does not list {missing} among the keys a sweep cannot vary"

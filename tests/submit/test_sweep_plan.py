@@ -136,3 +136,48 @@ def test_each_element_starts_in_its_own_container(tmp_path: Path) -> None:
     assert words[1][-2:] == [str(sif), "python3"] and f"{tmp_path}:{tmp_path}" in words[1]
     assert words[2] == [sys.executable]
     assert subprocess.run(["bash", "-n"], input=script, text=True).returncode == 0
+
+
+def exported_by(script: str, task: int, name: str) -> str:
+    """What the batch script's exports for a resident task (the lines after the launcher's own
+    variable, up to the attempt's begin) leave in `name` for array task `task`, run by bash."""
+    lines = script.splitlines()
+    start = lines.index("export SLURMDDP_RESIDENT=1") + 1
+    end = next(i for i, line in enumerate(lines) if line.startswith("slurmddp_place="))
+    return subprocess.run(
+        ["bash", "-c", "\n".join([*lines[start:end], f'printf "%s" "${name}"'])],
+        env={"SLURM_ARRAY_TASK_ID": str(task), "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+
+
+def test_each_array_task_imports_torch_with_its_own_elements_variables(tmp_path: Path) -> None:
+    """A resident task imports torch before it forks the rank, so what torch reads at import
+    (fabric.env: TORCH_LOGS, TORCHDYNAMO_*) must be each element's own, not the first one's."""
+    varied = write_sweep(
+        tmp_path,
+        "{list: [{fabric.env: {TORCH_LOGS: '+dynamo'}}, {fabric.env: {TORCH_LOGS: 'recompiles'}}, "
+        "{lr: 0.3}]}",
+    )
+    script = sweep_plan(tmp_path, varied).batch_script()
+    assert [exported_by(script, task, "TORCH_LOGS") for task in range(3)] == ["+dynamo", "recompiles", ""]
+    assert [exported_by(script, task, "OMP_NUM_THREADS") for task in range(3)] == ["1", "1", "1"]
+
+
+def test_the_resident_launcher_cannot_vary_within_a_sweep(tmp_path: Path) -> None:
+    varied = write_sweep(tmp_path, "{grid: {requeue.resident_launcher: [true, false]}}")
+    with pytest.raises(ConfigError, match=r"'requeue\.resident_launcher' cannot vary within a sweep"):
+        sweep_plan(tmp_path, varied)
+
+
+def test_the_snapshot_folder_is_set_up_where_any_element_takes_snapshots(tmp_path: Path) -> None:
+    varied = write_sweep(
+        tmp_path,
+        "{list: [{checkpoint.snapshot_every_steps: null}, {lr: 0.2}]}",
+        extra="checkpoint: {snapshot_every_steps: 0}\n",
+    )
+    assert "--job-name=slurmddp-snapshots" in sweep_plan(tmp_path, varied).batch_script()
+    none = write_sweep(tmp_path, "{grid: {lr: [0.1, 0.2]}}", extra="checkpoint: {snapshot_every_steps: 0}\n")
+    assert "--job-name=slurmddp-snapshots" not in sweep_plan(tmp_path, none).batch_script()
