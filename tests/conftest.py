@@ -262,6 +262,10 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         callspec = getattr(item, "callspec", None)
         if callspec is not None and "slurm_generation" in callspec.params:
             group = lab_group(item.nodeid, callspec.params["slurm_generation"])
+            if item.get_closest_marker("alone"):
+                # Its own group: it may take a worker's whole run, and the rest of its module
+                # should not wait behind it (its module fixtures are made again for it).
+                group = f"{group}:{item.originalname}"
             item.add_marker(pytest.mark.xdist_group(group))
     mark_process_tests(items)
     for item in items:

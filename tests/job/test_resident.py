@@ -240,11 +240,11 @@ env = {"SLURM_JOB_ID": "77", "SLURM_PROCID": "0", "SLURM_STEP_NUM_TASKS": "2"}
 resident.supervise(rank, Path(sys.argv[2]), Path(sys.argv[2]), env, ("TERM",))
 """
     command = [sys.executable, "-c", script, str(Path(__file__).parents[2]), str(tmp_path)]
-    began = time.monotonic()
     proc = subprocess.run(command, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 1, proc.stderr
+    # A task reports (RUN_DIR/resident/...) before it waits: no report, no wait. Not timed: the
+    # task's own start (torch imported) took 12 s once under the suite's load.
     assert not (tmp_path / "resident").exists(), "the task reported and waited for a verdict"
-    assert time.monotonic() - began < resident.REPORT_WAIT_S
 
 
 def test_a_stop_signal_to_the_task_reaches_its_rank(tmp_path: Path) -> None:

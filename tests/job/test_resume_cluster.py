@@ -121,14 +121,17 @@ def assert_no_step_lost(run: Path, unsaved: list[dict[str, Any]] | None = None) 
         assert [at for at in resumed if at in saved] == saved, (resumed, saved)
 
 
+@pytest.mark.alone
 def test_time_limit_requeues_and_resumes_bit_exact(
     slurm_env: dict[str, str], tmp_path: Path, reference: str
 ) -> None:
     # Slurm 22.05 sends the time-limit signal up to 60 s early and checks limits every ~30 s: with
-    # a 1-minute limit each attempt gets 0-45 s, so this run takes several. Once, the ~30 s cycle of
+    # a 1-minute limit each attempt gets 0-45 s, so this run takes several (the run alone trains in
+    # ~30 s on a quiet machine: a longer limit lets it end in one attempt). Once, the ~30 s cycle of
     # attempt plus requeue locked onto slurmctld's check and ten attempts in a row stopped right
-    # after their ~13 s startup, one step each (the run completed on its 20th attempt, after 602 s):
-    # no budget on timeouts here, and time for such a streak.
+    # after their ~13 s startup, one step each (the run completed on its 20th attempt, after 602 s);
+    # in a CI run whose four workers all ran lab tests (load 12), starts took most of each attempt
+    # and the run took 1027 s: no budget on timeouts here, and a worker of its own (`alone`).
     overrides = ("resources.time=1", "requeue.signal_lead_s=30", "requeue.max_timeouts=-1")
     run = submit_run(slurm_env, tmp_path / "runs", *COMMON, *overrides)
     assert wait_for_job(run_job_id(run), slurm_env, timeout=1500) == "COMPLETED"
