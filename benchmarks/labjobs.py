@@ -129,6 +129,15 @@ def digest(run: Path) -> str:
     return str(json.loads((run / "result.json").read_text())["result"]["param_sha256"])
 
 
+INTERVAL_SAID = "slurmddp: in-memory snapshots every "
+"""How rank 0's line saying the snapshot interval starts."""
+
+
+def interval_said(run: Path) -> str:
+    """The first snapshot interval rank 0 said ("every N steps (why)"); "" where none."""
+    return next((f"every {rest}" for rest in rank_0_said(run, INTERVAL_SAID)), "")
+
+
 def rank_0_said(run: Path, prefix: str) -> list[str]:
     """The rest of each line of rank 0's logs (every attempt's) that starts with `prefix`."""
     return [

@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from labjobs import (
+    INTERVAL_SAID,
     ROOT,
     SYNTHETIC,
     digest,
@@ -164,7 +165,6 @@ def resumed_from(run: Path) -> str:
     return said[-1] if said else "?"
 
 
-INTERVAL_SAID = "slurmddp: in-memory snapshots every "
 RESUMED = "slurmddp: resumed from "
 
 

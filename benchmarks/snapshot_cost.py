@@ -24,7 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from labjobs import ROOT, ends, gone, job_id, rank_0_said, submit, wait_for
+from labjobs import ROOT, ends, gone, interval_said, job_id, submit, wait_for
 
 QUICKSTART = ROOT / "examples" / "quickstart.yaml"
 
@@ -52,7 +52,7 @@ def one(out: Path, epochs: int, setting: str) -> tuple[float, int, str]:
     phases = end["phases"]
     steps = end["step"] - phases["started_step"] - 1
     per_step = (phases["last_step_at"] - phases["first_step_at"]) / steps
-    said = next((f"every {rest}" for rest in rank_0_said(run, "slurmddp: in-memory snapshots every ")), "")
+    said = interval_said(run)
     return per_step, most, said
 
 

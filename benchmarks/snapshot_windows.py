@@ -30,7 +30,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from labjobs import ROOT, ends, gone, job_id, rank_0_said, submit, wait_for
+from labjobs import ROOT, ends, gone, interval_said, job_id, submit, wait_for
 
 QUICKSTART = ROOT / "examples" / "quickstart.yaml"
 ENTRY = f"entrypoint={ROOT / 'benchmarks' / 'timed_train.py'}:train"
@@ -79,7 +79,7 @@ def one(out: Path, epochs: int, window: int, setting: str) -> tuple[list[float],
     with_ = [p for on, _ in pairs for p in periods[on]]
     without = [p for _, off in pairs for p in periods[off]]
     kept = [sum(1 for step in record["snapshots"] if step // window == on) for on, _ in pairs]
-    said = next((f"every {rest}" for rest in rank_0_said(run, "slurmddp: in-memory snapshots every ")), "")
+    said = interval_said(run)
     return ratios, statistics.fmean(with_) / statistics.fmean(without), kept, said
 
 

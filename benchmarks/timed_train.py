@@ -104,7 +104,8 @@ def train(ctx: RunContext) -> Any:
 
 def _snapshot_windows(steps: int) -> list[int]:
     """Snapshots due only where the step they keep (the boundary after `step + 1` steps) falls in
-    an even window of `steps` steps; the list the steps they kept are appended to."""
+    an even window of `steps` steps; the list each due step is appended to (rank 0's; one due
+    while a node still writes the last is not taken)."""
     from slurmddp.job.train.snapshots import Snapshots
 
     kept: list[int] = []
