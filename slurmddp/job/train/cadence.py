@@ -1,5 +1,5 @@
 """How often in-memory snapshots are taken when `checkpoint.snapshot_every_steps` is unset: as often
-as keeps their measured cost under BUDGET of the step time.
+as keeps their measured cost under BUDGET of the step time, aiming at AIM.
 
 A snapshot costs the training the part it runs on the training path (the gather of the ranks' own
 state and the copy of the shared state into CPU buffers, timed directly) plus what its write,
@@ -18,6 +18,10 @@ from dataclasses import dataclass
 
 BUDGET = 0.01
 """The share of the step time snapshots may cost."""
+AIM = BUDGET / 2
+"""The share the interval is chosen for. The estimates it comes from are running means of step
+times that swing by 10% on busy cores: an interval chosen for the budget itself would cost more
+than the budget about half the time, at the price of half the steps redone after a crash."""
 _EMA = 0.1
 
 
@@ -38,25 +42,29 @@ class Cadence:
     write_steps: float | None = None
     """Steps one write spans."""
     sync_s: float | None = None
-    """The last snapshot's part on the training path."""
+    """A snapshot's part on the training path, a running mean: one snapshot's swings 1-5 ms on
+    busy cores, and an interval chosen from the last alone swung 10-50 steps within a run."""
     write_s: float = 0.0
     """The last write's own duration, counted in full until the steps it slows are measured."""
     _tick: tuple[int, float, bool] | None = None
     _took = False
     _busy_run = 0
+    _weight = 1.0
+    """The weight of the last snapshot's part in sync_s: its part at the next boundary is added so."""
 
     def took(self, step: int, sync_s: float | None) -> None:
         """A snapshot (or a checkpoint, with sync_s None) kept the state after `step` steps."""
         self.last = step
         self._took = True
         if sync_s is not None:
-            self.sync_s = sync_s
+            self._weight = 1.0 if self.sync_s is None else _EMA
+            self.sync_s = _ema(self.sync_s, sync_s)
 
     def settled(self, seconds: float) -> None:
         """The last snapshot's part at the next boundary (waiting for the gather, starting the
         write) was on the training path too."""
         if self.sync_s is not None:
-            self.sync_s += seconds
+            self.sync_s += self._weight * seconds
 
     def cost_s(self) -> float | None:
         """What one snapshot costs the training; None before one was taken."""
@@ -75,7 +83,7 @@ class Cadence:
         if cost is None or self.idle_step_s is None:
             # The first one as soon as a step was timed: its cost sets the interval.
             return 1
-        return max(1, math.ceil(cost / (BUDGET * self.idle_step_s)))
+        return max(1, math.ceil(cost / (AIM * self.idle_step_s)))
 
     def worth_saying(self, said: int | None) -> bool:
         """Whether the interval has moved enough from the one last said (`said`; None: none yet)

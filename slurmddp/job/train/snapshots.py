@@ -10,9 +10,9 @@ holds instead of the last checkpoint on disk; a node that holds none (a spare th
 node) gets it from one that does.
 
 How often: `checkpoint.snapshot_every_steps`, or, unset, as often as keeps a snapshot's measured
-cost under 1% of the step time (job/train/cadence.py). Rank 0 decides and says so in the loop's
-boundary all-reduce, with each node's "still writing" flag, so every rank takes the same snapshots
-at the same steps without a collective of their own.
+cost under 1% of the step time, aiming at half (job/train/cadence.py). Rank 0 decides and says so
+in the loop's boundary all-reduce, with each node's "still writing" flag, so every rank takes the
+same snapshots at the same steps without a collective of their own.
 """
 
 from __future__ import annotations
