@@ -1,27 +1,27 @@
 """What in-memory snapshots cost a step, measured inside one run: the quickstart as shipped (2 nodes x
 2 ranks, 2 loader workers a rank) on the lab cluster, through `python -m slurmddp submit` and
-benchmarks/timed_train.py, with snapshots allowed in every other window of --window steps only
-(train.timed_snapshot_windows): the windows without them are the baseline, run by the same
-processes on the same machine a few seconds apart, so the load that swings separate runs' step
+benchmarks/timed_train.py, with one snapshot at the start of every other window of --window steps
+and none elsewhere (train.timed_snapshot_windows): the windows without are the baseline, run by the
+same processes on the same machine a second later, so the load that swings separate runs' step
 times by 10% (snapshot_cost.py) falls on both alike.
 
 A step's time is rank 0's period from the loop handing out one step to handing out the next (the
 boundary's work, a snapshot's part on the training path included). Periods over 3x their window's
 median (an epoch's validation, the next epoch's loader start) are left out of both kinds. Each
-window with snapshots is paired with the window after it; the ratio of their mean step times is a
-pair's ratio. Prints the median of the pairs' ratios and the ratio of all windows' means, the
-latter with a 95% interval from resampling the pairs, and the snapshots each window took.
-Checkpoints on disk are off (checkpoint.every_steps=0).
+window with a snapshot is paired with the window after it. What one snapshot costs is the with
+windows' mean step less the without windows' (over all pairs), times the window's steps; what it
+costs a step at the interval slurmddp chooses is that over the interval times the step: the ratio
+printed, with a 95% interval from resampling the pairs (target <= 1.01). The interval is the median
+of what rank 0's cadence would choose at each boundary of the run (its estimates see every
+boundary). Checkpoints on disk are off (checkpoint.every_steps=0).
 
-Runs the interval slurmddp chooses (null, the default) and, as a check that the method sees a cost
-that is there, --every N steps (0: not).
+Short windows give many pairs, and the window's start leaves a snapshot's write (a few steps) inside
+its window; one snapshot in W steps is denser than the chosen interval, and the cost is scaled to
+that interval, not measured at it.
 
 On the lab (the lab's export line in the environment: `eval "$(tests/slurm_lab/up)"`):
 
-    python benchmarks/snapshot_windows.py [--epochs 200] [--window 200] [--every 5]
-
-A pair's ratio spreads over several per cent on 2 busy cores: resolving a 1% cost takes
-hundreds of windows (--epochs 800: about 40 pairs).
+    python benchmarks/snapshot_windows.py [--epochs 800] [--window 50]
 """
 
 from __future__ import annotations
@@ -35,13 +35,16 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from labjobs import ROOT, ends, gone, interval_said, job_id, submit, wait_for
+from labjobs import ROOT, ends, gone, job_id, submit, wait_for
 from resample import interval_95
 
 QUICKSTART = ROOT / "examples" / "quickstart.yaml"
 ENTRY = f"entrypoint={ROOT / 'benchmarks' / 'timed_train.py'}:train"
 OUTLIER = 3.0
 """A period this many times its window's median is a pause, not a step."""
+
+Pair = tuple[list[float], list[float]]
+"""A window's step periods with its snapshot, and the next window's without."""
 
 
 def windows(record: dict[str, Any]) -> dict[int, list[float]]:
@@ -57,69 +60,63 @@ def windows(record: dict[str, Any]) -> dict[int, list[float]]:
     return found
 
 
-def means_ratio(pairs: Sequence[tuple[list[float], list[float]]]) -> float:
-    """The mean step with snapshots over the mean step without, over all the pairs' windows."""
-    with_ = [p for on, _ in pairs for p in on]
-    without = [p for _, off in pairs for p in off]
-    return statistics.fmean(with_) / statistics.fmean(without)
+def snapshot_s(pairs: Sequence[Pair], window: int) -> float:
+    """One snapshot's cost: the extra time of the windows with one over those without."""
+    with_ = statistics.fmean(p for on, _ in pairs for p in on)
+    without = statistics.fmean(p for _, off in pairs for p in off)
+    return (with_ - without) * window
 
 
-def one(
-    out: Path, epochs: int, window: int, setting: str
-) -> tuple[list[float], float, tuple[float, float], list[int], str]:
-    """The pairs' ratios, the ratio of all windows' means and its 95% interval, the snapshots kept
-    per window with them, and what rank 0 said of the interval."""
-    run = submit(
-        out,
-        ENTRY,
-        "train.timed=quickstart_train:train",
-        f"train.timed_snapshot_windows={window}",
-        f"train.epochs={epochs}",
-        "checkpoint.every_steps=0",
-        setting,
-        experiment=QUICKSTART,
-    )
-    wait_for("the job to end", lambda: gone(job_id(run)), timeout=1800)
-    end = ends(run)[-1]
-    if end["reason"] != "completed":
-        raise SystemExit(f"{run}: ended {end['reason']}")
-    (timing,) = (run / "timing").glob("rank-0-pid-*.json")
-    record = json.loads(timing.read_text())
-    periods = windows(record)
-    # The first window holds the cadence's first measurements and the loader's start; the last may
-    # be cut short: neither is paired.
-    full = sorted(periods)[1:-1]
-    pairs = [(k, k + 1) for k in full if k % 2 == 0 and k + 1 in full]
-    ratios = [statistics.fmean(periods[on]) / statistics.fmean(periods[off]) for on, off in pairs]
-    steps = [(periods[on], periods[off]) for on, off in pairs]
-    kept = [sum(1 for step in record["snapshots"] if step // window == on) for on, _ in pairs]
-    said = interval_said(run)
-    return ratios, means_ratio(steps), interval_95(steps, means_ratio), kept, said
+def step_ratio(pairs: Sequence[Pair], window: int, interval: float) -> float:
+    """A step's time with a snapshot every `interval` steps over one without."""
+    without = statistics.fmean(p for _, off in pairs for p in off)
+    return 1 + snapshot_s(pairs, window) / (interval * without)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--epochs", type=int, default=200)
-    parser.add_argument("--window", type=int, default=200)
-    parser.add_argument("--every", type=int, default=5)
+    parser.add_argument("--epochs", type=int, default=800)
+    parser.add_argument("--window", type=int, default=50)
     args = parser.parse_args()
-    settings = {"chosen": "checkpoint.snapshot_every_steps=null"}
-    if args.every:
-        settings[f"every {args.every}"] = f"checkpoint.snapshot_every_steps={args.every}"
-    results = {}
     with tempfile.TemporaryDirectory(dir=Path.cwd()) as tmp:
-        for name, setting in settings.items():
-            ratios, overall, (low, high), kept, said = one(Path(tmp), args.epochs, args.window, setting)
-            results[name] = statistics.median(ratios)
-            print(
-                f"{name:8} {len(ratios)} pairs of {args.window}-step windows: median ratio with/without "
-                f"{statistics.median(ratios):.4f} (quartiles "
-                f"{', '.join(f'{q:.4f}' for q in statistics.quantiles(ratios, n=4)[::2])}), all windows' "
-                f"means {overall:.4f} (95%: {low:.4f}-{high:.4f}); snapshots a window "
-                f"{min(kept)}-{max(kept)}; {said or 'none said'}",
-                flush=True,
-            )
-    print(json.dumps(results))
+        run = submit(
+            Path(tmp),
+            ENTRY,
+            "train.timed=quickstart_train:train",
+            f"train.timed_snapshot_windows={args.window}",
+            f"train.epochs={args.epochs}",
+            "checkpoint.every_steps=0",
+            experiment=QUICKSTART,
+        )
+        wait_for("the job to end", lambda: gone(job_id(run)), timeout=3600)
+        end = ends(run)[-1]
+        if end["reason"] != "completed":
+            raise SystemExit(f"{run}: ended {end['reason']}")
+        (timing,) = (run / "timing").glob("rank-0-pid-*.json")
+        record = json.loads(timing.read_text())
+    periods = windows(record)
+    # The first window holds the cadence's first measurements and the loader's start; the last may
+    # be cut short: neither is paired.
+    full = sorted(periods)[1:-1]
+    pairs = [(periods[k], periods[k + 1]) for k in full if k % 2 == 0 and k + 1 in full]
+    intervals = record["intervals"][2 * args.window :]
+    interval = statistics.median(intervals)
+    window = args.window
+    cost_low, cost_high = interval_95(pairs, lambda drawn: snapshot_s(drawn, window))
+    low, high = interval_95(pairs, lambda drawn: step_ratio(drawn, window, interval))
+    step = statistics.fmean(p for _, off in pairs for p in off)
+    quartiles = statistics.quantiles(intervals, n=4)
+    print(
+        f"{len(pairs)} pairs of {window}-step windows, {len(record['snapshots'])} snapshots; a step "
+        f"{1000 * step:.2f} ms without\n"
+        f"one snapshot costs {1000 * snapshot_s(pairs, window):.2f} ms "
+        f"(95%: {1000 * cost_low:.2f}-{1000 * cost_high:.2f})\n"
+        f"interval chosen: median {interval:g} steps (quartiles {quartiles[0]:g}-{quartiles[2]:g})\n"
+        f"a step with snapshots at it over one without: {step_ratio(pairs, window, interval):.4f} "
+        f"(95%: {low:.4f}-{high:.4f}); target <= 1.01",
+        flush=True,
+    )
+    print(json.dumps({"snapshot_s": snapshot_s(pairs, window), "ratio": step_ratio(pairs, window, interval)}))
 
 
 if __name__ == "__main__":

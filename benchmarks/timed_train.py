@@ -11,9 +11,10 @@ were imported after the runtime sets it); `train.timed_cheap_seeds` makes ctx.lo
 reseeding in the workers seed torch's CPU generator directly (torch.default_generator.manual_seed)
 instead of calling torch.manual_seed, which also queues a seed for CUDA, XPU and MTIA and formats
 a stack trace for each: the same values for CPU code, at ~1 us instead of ~370 us a sample.
-`train.timed_snapshot_windows=W` lets in-memory snapshots be taken in every other window of W
-steps only (steps 0 to W-1 with, W to 2W-1 without, ...): the windows without are the same run's
-baseline (snapshot_windows.py); the cadence still sees every boundary.
+`train.timed_snapshot_windows=W` takes one in-memory snapshot at the start of every other window of
+W steps (at step 0, 2W, 4W, ...) and no other: the windows without are the same run's baseline
+(snapshot_windows.py); the cadence still sees every boundary, and the interval it would choose at
+each is recorded (`intervals`).
 Every rank process writes RUN_DIR/timing/rank-R-pid-P.json:
   started      the process's start (/proc/self/stat), on CLOCK_BOOTTIME like every time here
   entered      the entrypoint called (imports, process group, preflight done)
@@ -67,7 +68,7 @@ def train(ctx: RunContext) -> Any:
     windows = ctx.train.get("timed_snapshot_windows")
     if windows:
         record["window_steps"] = int(windows)
-        record["snapshots"] = _snapshot_windows(int(windows))
+        record["snapshots"], record["intervals"] = _snapshot_windows(int(windows))
     if str(EXAMPLES) not in sys.path:
         sys.path.insert(0, str(EXAMPLES))
     module, _, name = str(ctx.train.timed).partition(":")
@@ -102,23 +103,26 @@ def train(ctx: RunContext) -> Any:
         (folder / f"rank-{ctx.rank}-pid-{os.getpid()}.json").write_text(json.dumps(record))
 
 
-def _snapshot_windows(steps: int) -> list[int]:
-    """Snapshots due only where the step they keep (the boundary after `step + 1` steps) falls in
-    an even window of `steps` steps; the list each due step is appended to (rank 0's; one due
-    while a node still writes the last is not taken)."""
+def _snapshot_windows(steps: int) -> tuple[list[int], list[int]]:
+    """One snapshot due at the first boundary of each even window of `steps` steps (the one that
+    keeps the state after 2kW steps), none elsewhere; the lists each due step and the interval the
+    cadence would choose at each boundary are appended to (rank 0's)."""
     from slurmddp.job.train.snapshots import Snapshots
 
     kept: list[int] = []
+    intervals: list[int] = []
     due_after = Snapshots.due_after
 
     def windowed(self: Snapshots, step: int, first_step: int, paused: bool) -> bool:
-        due = due_after(self, step, first_step, paused) and (step + 1) // steps % 2 == 0
+        due_after(self, step, first_step, paused)  # the cadence's estimates, from every boundary
+        intervals.append(self.cadence.interval())
+        due = (step + 1) % (2 * steps) == 0
         if due:
             kept.append(step + 1)
         return due
 
     Snapshots.due_after = windowed  # type: ignore[method-assign]
-    return kept
+    return kept, intervals
 
 
 def _cheap_seeds() -> None:

@@ -112,13 +112,13 @@ def test_the_largest_k_offered_is_every_ranks(store_factory) -> None:  # type: i
     assert [a.every for a in agreements] == [9] * len(offers)
 
 
-def test_k_keeps_the_round_trips_under_half_a_percent_of_the_step() -> None:
-    # 0.3 ms round trips (busy cores) and 4 ms steps: one read in 15 steps, 0.5% of the time.
-    assert reads_every(0.0003, 0.004) == 15
+def test_k_keeps_the_round_trips_under_a_quarter_percent_of_the_step() -> None:
+    # 0.3 ms round trips (busy cores) and 4 ms steps: one read in 30 steps, 0.25% of the time.
+    assert reads_every(0.0003, 0.004) == 30
     # A GPU step of 100 ms: every boundary reads; a round trip over loopback counts as one from
     # another node's.
     assert reads_every(0.00002, 0.1) == 1
-    assert reads_every(0.00002, 0.01) == reads_every(OTHER_NODE_RTT_S, 0.01) == 2
+    assert reads_every(0.00002, 0.01) == reads_every(OTHER_NODE_RTT_S, 0.01) == 4
     assert reads_every(0.001, 0.0001) == MAX_EVERY
 
 

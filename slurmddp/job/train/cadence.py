@@ -49,6 +49,8 @@ class Cadence:
     _tick: tuple[int, float, bool] | None = None
     _took = False
     _busy_run = 0
+    _timed = 0
+    """Snapshots whose part on the training path was timed."""
     _weight = 1.0
     """The weight of the last snapshot's part in sync_s: its part at the next boundary is added so."""
 
@@ -57,8 +59,13 @@ class Cadence:
         self.last = step
         self._took = True
         if sync_s is not None:
-            self._weight = 1.0 if self.sync_s is None else _EMA
-            self.sync_s = _ema(self.sync_s, sync_s)
+            # The first snapshot's part holds one-off work (the CPU buffers allocated, the gather's
+            # first use), which kept the mean and the interval high for thousands of steps: the
+            # second replaces it, and the mean starts there.
+            self._weight = 1.0 if self._timed < 2 else _EMA
+            old = sync_s if self.sync_s is None else self.sync_s
+            self.sync_s = old + self._weight * (sync_s - old)
+            self._timed += 1
 
     def settled(self, seconds: float) -> None:
         """The last snapshot's part at the next boundary (waiting for the gather, starting the
