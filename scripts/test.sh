@@ -34,9 +34,8 @@ fi
 set +e
 # --durations: the slowest tests in the log, where time is to be won when the run nears its limit.
 # -rfEs: the short summary lists failures, errors and skips; conftest.py lists the tests run again
-# after a failure (LOADED_RERUNS). --no-loadscope-reorder: the groups go out in the order
-# conftest.py gives them (longest_first), the long lab groups first.
-python3 -m pytest -n "${SLURMDDP_TEST_WORKERS:-4}" --dist loadgroup --no-loadscope-reorder --durations=25 -rfEs "$@"
+# after a failure (LOADED_RERUNS).
+python3 -m pytest -n "${SLURMDDP_TEST_WORKERS:-4}" --dist loadgroup --durations=25 -rfEs "$@"
 code=$?
 took "pytest"
 fresh=0

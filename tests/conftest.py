@@ -31,7 +31,6 @@ sys.path.
 
 from __future__ import annotations
 
-import collections
 import hashlib
 import json
 import os
@@ -276,33 +275,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if item.get_closest_marker("slurm") or item.get_closest_marker("process"):
             item.add_marker(pytest.mark.flaky(reruns=LOADED_RERUNS))
-    items[:] = longest_first(items)
-
-
-def longest_first(items: list[pytest.Item]) -> list[pytest.Item]:
-    """The items in the order xdist hands their groups out (scripts/test.sh turns its own
-    reordering off): the `alone` lab tests, then the lab groups, then the other grouped tests, each
-    kind by its number of tests, then the rest. xdist's own order (by number of tests only) sent a
-    long `alone` test out among the unit tests, last, and the run waited for it."""
-    group = {id(item): xdist_group(item) for item in items}
-    sizes = collections.Counter(group.values())
-
-    def kind(item: pytest.Item) -> int:
-        if group[id(item)] == item.nodeid:
-            return 3
-        if item.get_closest_marker("alone"):
-            return 0
-        return 1 if item.get_closest_marker("slurm") else 2
-
-    return sorted(items, key=lambda item: (kind(item), -sizes[group[id(item)]]))
-
-
-def xdist_group(item: pytest.Item) -> str:
-    """The group xdist's loadgroup puts the item in: its xdist_group mark, else its own nodeid."""
-    mark = item.get_closest_marker("xdist_group")
-    if mark is None:
-        return item.nodeid
-    return str(mark.args[0] if mark.args else mark.kwargs.get("name", "default"))
 
 
 def _refusing_processes(item: pytest.Item) -> Iterator[None]:

@@ -132,6 +132,9 @@ def test_time_limit_requeues_and_resumes_bit_exact(
     # after their ~13 s startup, one step each (the run completed on its 20th attempt, after 602 s);
     # in a CI run whose four workers all ran lab tests (load 12), starts took most of each attempt
     # and the run took 1027 s: no budget on timeouts here, and a worker of its own (`alone`).
+    # xdist hands a group of one out last, when the load falls: handed out first, beside three
+    # workers of lab tests (load 13-16), it took 29 attempts of a step or a few each and outran its
+    # 1500 s wait, and its rerun 24 attempts.
     overrides = ("resources.time=1", "requeue.signal_lead_s=30", "requeue.max_timeouts=-1")
     run = submit_run(slurm_env, tmp_path / "runs", *COMMON, *overrides)
     assert wait_for_job(run_job_id(run), slurm_env, timeout=1500) == "COMPLETED"
