@@ -258,10 +258,33 @@ def _may_pass(silence: str) -> bool:
 # ---- sbatch ----
 
 
-def test_only(script: str) -> str | None:
-    """Ask sbatch whether Slurm could ever run this batch script; its refusal, or None."""
-    proc = run(["sbatch", "--test-only"], stdin=script)
-    return None if proc.returncode == 0 else _said(proc)
+NOT_AVAILABLE = "Requested node configuration is not available"
+REGISTER_WAIT_S: float = 60
+"""How long `test_only` waits for nodes to register with a slurmctld that just started."""
+
+
+def test_only(script: str, pause: float = 1.0) -> str | None:
+    """Ask sbatch whether Slurm could ever run this batch script; its refusal, or None.
+
+    Right after slurmctld starts (a restart, a fail-over), its nodes are UNKNOWN until their slurmd
+    registers (4 s on the quiet 22.05 lab, longer under load), and `--test-only` refuses every job
+    with NOT_AVAILABLE while sbatch itself queues them: that refusal counts once no node is
+    UNKNOWN, or after REGISTER_WAIT_S."""
+    deadline = time.monotonic() + REGISTER_WAIT_S
+    while True:
+        proc = run(["sbatch", "--test-only"], stdin=script)
+        if proc.returncode == 0:
+            return None
+        said = _said(proc)
+        if NOT_AVAILABLE not in said or not nodes_unregistered() or time.monotonic() + pause > deadline:
+            return said
+        time.sleep(pause)
+
+
+def nodes_unregistered() -> bool:
+    """Whether slurmctld holds nodes in state UNKNOWN (not registered since it started)."""
+    proc = run(["sinfo", "-h", "-N", "-o", "%T"])
+    return proc.returncode == 0 and any(state.lower().startswith("unknown") for state in proc.stdout.split())
 
 
 # ---- scontrol ----

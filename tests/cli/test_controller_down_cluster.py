@@ -22,7 +22,8 @@ pytestmark = pytest.mark.slurm
 
 
 def start_slurmctld(lab: LabDaemons) -> None:
-    """As tests/slurm_lab/up starts it; returns once `scontrol ping` says it is UP."""
+    """As tests/slurm_lab/up starts it; returns once `scontrol ping` says it is UP and every node
+    registered again (UNKNOWN until then: the next test on this lab was refused its submission)."""
     with (lab.state_dir / "log" / "slurmctld.log").open("a") as log:
         subprocess.run(
             ["slurmctld", "-f", str(lab.conf)],
@@ -37,6 +38,10 @@ def start_slurmctld(lab: LabDaemons) -> None:
         if time.monotonic() > deadline:
             raise TimeoutError(f"slurmctld does not answer 30 s after its start: see {lab.state_dir}/log")
         time.sleep(0.2)
+    while "unknown" in slurm_command(["sinfo", "-h", "-N", "-o", "%T"], lab.env).stdout.lower():
+        if time.monotonic() > deadline + 60:
+            raise TimeoutError(f"nodes not registered 60 s after slurmctld answered: see {lab.state_dir}/log")
+        time.sleep(0.5)
 
 
 @pytest.fixture

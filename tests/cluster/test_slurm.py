@@ -299,3 +299,36 @@ def test_may_retry_sends_again_what_cannot_have_arrived() -> None:
     ):
         assert slurm.may_retry(signal, unsent) and slurm.may_retry(read, unsent)
     assert not slurm.may_retry(read, "Invalid job id specified")
+
+
+def sbatch_test_only(monkeypatch: pytest.MonkeyPatch, refusals: list[bool], states: list[str]) -> list[str]:
+    """slurm.run replaced: `sbatch --test-only` refuses (NOT_AVAILABLE) or accepts in the order of
+    `refusals`, `sinfo` answers the node states of `states` in turn; the commands run."""
+    calls: list[str] = []
+
+    def fake(args: Sequence[str], stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+        calls.append(args[0])
+        if args[0] == "sinfo":
+            return subprocess.CompletedProcess(list(args), 0, states.pop(0), "")
+        refused = refusals.pop(0)
+        said = f"allocation failure: {slurm.NOT_AVAILABLE}" if refused else ""
+        return subprocess.CompletedProcess(list(args), int(refused), "", said)
+
+    monkeypatch.setattr(slurm, "run", fake)
+    return calls
+
+
+def test_test_only_waits_for_the_nodes_a_restarted_slurmctld_does_not_know_yet(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Seen on the 22.05 lab: slurmctld restarted, its nodes UNKNOWN for 4 s, and `sbatch
+    --test-only` refused every job that sbatch itself queued."""
+    calls = sbatch_test_only(monkeypatch, [True, True, False], ["unknown*\nunknown*\nidle", "unknown\nidle"])
+    assert slurm.test_only("#!/bin/sh\n", pause=0) is None
+    assert calls == ["sbatch", "sinfo", "sbatch", "sinfo", "sbatch"]
+
+
+def test_test_only_refuses_at_once_where_every_node_is_known(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = sbatch_test_only(monkeypatch, [True], ["idle\nallocated\ndown*"])
+    assert slurm.test_only("#!/bin/sh\n", pause=0) == f"allocation failure: {slurm.NOT_AVAILABLE}"
+    assert calls == ["sbatch", "sinfo"]
