@@ -40,7 +40,7 @@ def start_slurmctld(lab: LabDaemons) -> None:
         time.sleep(0.2)
     while "unknown" in slurm_command(["sinfo", "-h", "-N", "-o", "%T"], lab.env).stdout.lower():
         if time.monotonic() > deadline + 60:
-            raise TimeoutError(f"nodes not registered 60 s after slurmctld answered: see {lab.state_dir}/log")
+            raise TimeoutError(f"nodes not registered 90 s after slurmctld started: see {lab.state_dir}/log")
         time.sleep(0.5)
 
 
