@@ -60,7 +60,7 @@ class Cadence:
         self._took = True
         if sync_s is not None:
             # The first snapshot's part holds one-off work (the CPU buffers allocated, the gather's
-            # first use), which kept the mean and the interval high for thousands of steps: the
+            # first use), which a mean of weight 0.1 would carry for dozens of snapshots: the
             # second replaces it, and the mean starts there.
             self._weight = 1.0 if self._timed < 2 else _EMA
             old = sync_s if self.sync_s is None else self.sync_s
