@@ -60,17 +60,19 @@ def windows(record: dict[str, Any]) -> dict[int, list[float]]:
     return found
 
 
+def mean_step(pairs: Sequence[Pair], side: int) -> float:
+    """The mean step of the windows with a snapshot (side 0) or without (side 1)."""
+    return statistics.fmean(period for pair in pairs for period in pair[side])
+
+
 def snapshot_s(pairs: Sequence[Pair], window: int) -> float:
     """One snapshot's cost: the extra time of the windows with one over those without."""
-    with_ = statistics.fmean(p for on, _ in pairs for p in on)
-    without = statistics.fmean(p for _, off in pairs for p in off)
-    return (with_ - without) * window
+    return (mean_step(pairs, 0) - mean_step(pairs, 1)) * window
 
 
 def step_ratio(pairs: Sequence[Pair], window: int, interval: float) -> float:
     """A step's time with a snapshot every `interval` steps over one without."""
-    without = statistics.fmean(p for _, off in pairs for p in off)
-    return 1 + snapshot_s(pairs, window) / (interval * without)
+    return 1 + snapshot_s(pairs, window) / (interval * mean_step(pairs, 1))
 
 
 def main() -> None:
@@ -104,7 +106,7 @@ def main() -> None:
     window = args.window
     cost_low, cost_high = interval_95(pairs, lambda drawn: snapshot_s(drawn, window))
     low, high = interval_95(pairs, lambda drawn: step_ratio(drawn, window, interval))
-    step = statistics.fmean(p for _, off in pairs for p in off)
+    step = mean_step(pairs, 1)
     quartiles = statistics.quantiles(intervals, n=4)
     print(
         f"{len(pairs)} pairs of {window}-step windows, {len(record['snapshots'])} snapshots; a step "
