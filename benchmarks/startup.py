@@ -10,7 +10,8 @@ the CSV, model, DDP, SGD, a sharded loader with 2 workers a rank, and its first 
 ends its first optimizer step, as slurmddp's does); rank 0's first step from the attempt's record.
 
 Needs a running Slurm (SLURM_CONF set, e.g. from tests/slurm_lab/up). Alternates the three, prints
-each run and the ratios of medians (target: <= 1.3 against the bare job with the same setup).
+each run and the ratios of medians (target: <= 1.3 against the bare job with the same setup), and
+that one's ratio of the means with a 95% interval from resampling the rounds.
 Usage: python benchmarks/startup.py [--rounds 3] [--example synthetic|quickstart]
 """
 
@@ -23,7 +24,10 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
+
+from resample import interval_95
 
 ROOT = Path(__file__).resolve().parents[1]
 BARE = """#!/bin/bash
@@ -132,6 +136,11 @@ def ours(out: Path, example: str) -> tuple[float, float]:
     return first - started, float(data["started_at"]) - started
 
 
+def means_ratio(pairs: Sequence[tuple[float, float]]) -> float:
+    """slurmddp's mean over the bare job's with the same setup, over paired rounds."""
+    return statistics.fmean(ours for ours, _ in pairs) / statistics.fmean(bare for _, bare in pairs)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
@@ -155,6 +164,9 @@ def main() -> None:
     print(f"median: bare {bare_s:.2f} s, with the same setup {setup_s:.2f} s; ", end="")
     print(f"slurmddp first step {first_s:.2f} s, process group ready {ready_s:.2f} s")
     print(f"ratio first step / bare with the same setup: {first_s / setup_s:.3f} (target <= 1.3)")
+    pairs = list(zip(first, setup, strict=True))
+    low, high = interval_95(pairs, means_ratio)
+    print(f"ratio of the means: {means_ratio(pairs):.3f} (95%: {low:.3f}-{high:.3f})")
     print(f"ratio first step / bare: {first_s / bare_s:.3f}")
     print(f"ratio process group ready / bare (the same point as the bare script's): {ready_s / bare_s:.3f}")
 

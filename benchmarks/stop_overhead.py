@@ -1,7 +1,7 @@
-"""What a script pays per step for being preemption-safe, in one run of 3 gloo ranks, interleaved
+"""What a script pays per step for being preemption-safe, in one run of gloo ranks, interleaved
 finely enough to see 1 %.
 
-    python benchmarks/stop_overhead.py [--blocks 40] [--steps 25] [--width 256]
+    python benchmarks/stop_overhead.py [--blocks 40] [--steps 25] [--width 256] [--ranks 3]
 
 Every rank holds three DDP copies of the same MLP (784 -> width -> width -> 10): untouched (the
 baseline), and two asking `slurmddp.should_stop()` after each optimizer step over a rendezvous
@@ -14,7 +14,11 @@ machine hits all within a second. Prints each one's median step time, the mean t
 spends in `should_stop()`, and, against the baseline, the median of the per-block ratios and
 their quartiles, and the ratio of the mean steps over all rounds with a 95% interval from
 resampling the rounds (target <= 1.01). The per-round ratios spread over 10% on 2 busy cores:
-resolving 1% takes hundreds of rounds (--blocks 400: about 2 minutes).
+resolving 1% takes hundreds of rounds (--blocks 400: about 4 minutes).
+
+3 ranks on 2 cores (the default) is the worst case: the store's thread waits for a core, and a
+whole step pays about three times the reads' own time. `--ranks 2` gives each rank a core of its
+own, as a GPU node gives each rank its own cores.
 """
 
 from __future__ import annotations
@@ -37,7 +41,6 @@ from torch.nn.parallel import DistributedDataParallel
 
 from slurmddp.job.process.stop import Agreement
 
-RANKS = 3
 VARIANTS = ["plain", "every step", "every K"]
 """The first is the baseline."""
 
@@ -73,14 +76,17 @@ def rank_main(rank: int, ports: tuple[int, ...], args: argparse.Namespace, out: 
     from torch._C._distributed_c10d import TCPStore
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{ports[0]}", rank=rank, world_size=RANKS)
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{ports[0]}", rank=rank, world_size=args.ranks
+    )
     # The script's store: hosted by rank 0's process, a client on every rank (as in a job); one
     # for each agreement, whose keys are the same.
     timeout = timedelta(seconds=60)
     hosts = [
-        TCPStore("127.0.0.1", port, RANKS, rank == 0, timeout, wait_for_workers=False) for port in ports[1:]
+        TCPStore("127.0.0.1", port, args.ranks, rank == 0, timeout, wait_for_workers=False)
+        for port in ports[1:]
     ]
-    clients = [TCPStore("127.0.0.1", port, RANKS, False, timeout) for port in ports[1:]]
+    clients = [TCPStore("127.0.0.1", port, args.ranks, False, timeout) for port in ports[1:]]
     every_k = Agreement(clients[1], heard=lambda: None)
     asks = {
         "plain": None,
@@ -128,14 +134,21 @@ def main() -> None:
     parser.add_argument("--blocks", type=int, default=40)
     parser.add_argument("--steps", type=int, default=25)
     parser.add_argument("--width", type=int, default=256)
+    parser.add_argument("--ranks", type=int, default=3)
     parser.add_argument("--batch", type=int, default=16, help="samples per rank and step")
     args = parser.parse_args()
     queue: Any = mp.get_context("spawn").SimpleQueue()
     ports = (free_port(), free_port(), free_port())
-    mp.start_processes(rank_main, args=(ports, args, queue), nprocs=RANKS, start_method="spawn")
+    # Read before joining: rank 0's results outgrow the pipe's buffer (1000 rounds did), and it
+    # would wait on the pipe forever while this process waited for it to end.
+    ranks = mp.start_processes(
+        rank_main, args=(ports, args, queue), nprocs=args.ranks, start_method="spawn", join=False
+    )
     rounds, every = queue.get()
+    while not ranks.join():
+        pass
     print(
-        f"{os.cpu_count()} cores, {RANKS} gloo ranks, {args.blocks} rounds of {args.steps} steps each, "
+        f"{os.cpu_count()} cores, {args.ranks} gloo ranks, {args.blocks} rounds of {args.steps} steps each, "
         f"width {args.width}, {args.batch} samples a rank; K chosen: {every}"
     )
     for name in VARIANTS:

@@ -114,8 +114,14 @@ def main() -> None:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     queue: Any = mp.get_context("spawn").SimpleQueue()
-    mp.start_processes(rank_main, args=(port, args, queue), nprocs=RANKS, start_method="spawn")
+    # Read before joining: rank 0's results outgrow the pipe's buffer (1000 rounds did), and it
+    # would wait on the pipe forever while this process waited for it to end.
+    ranks = mp.start_processes(
+        rank_main, args=(port, args, queue), nprocs=RANKS, start_method="spawn", join=False
+    )
     rounds = queue.get()
+    while not ranks.join():
+        pass
     print(
         f"{os.cpu_count()} cores, {RANKS} gloo ranks, {args.blocks} rounds of {args.steps} steps each, "
         f"width {args.width}, {args.batch} samples a rank"

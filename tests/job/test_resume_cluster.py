@@ -275,7 +275,10 @@ def test_a_node_lost_under_the_job_is_swapped_for_its_spare_inside_the_allocatio
     # after the other).
     named = rf"rank [23] on {victim}"
     assert re.match(rf"{named}(, {named})? ended without a word", failure.error), failure
-    assert failure.suspect_hosts is not None and set(failure.suspect_hosts) == {victim}
+    # The node is suspected where both its ranks were seen dead together: under load the second
+    # one's end can come after the watch's GATHER_S (seen once in CI: rank 3 alone, no suspect).
+    both = len(re.findall(named, failure.error)) == 2
+    assert set(failure.suspect_hosts or {}) == ({victim} if both else set()), failure
     second_nodes = hostlist.expand([r for r in attempts(run) if r["event"] == "begin"][1]["nodes"])
     assert len(second_nodes) == 2 and victim not in second_nodes and first_nodes[0] in second_nodes
     assert [state for _, state in sacct(slurm_env, job, "-X", "-D")] == ["COMPLETED"]
