@@ -34,8 +34,8 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from resample import interval_95
+from spawned import run_ranks
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
@@ -137,16 +137,8 @@ def main() -> None:
     parser.add_argument("--ranks", type=int, default=3)
     parser.add_argument("--batch", type=int, default=16, help="samples per rank and step")
     args = parser.parse_args()
-    queue: Any = mp.get_context("spawn").SimpleQueue()
     ports = (free_port(), free_port(), free_port())
-    # Read before joining: rank 0's results outgrow the pipe's buffer (1000 rounds did), and it
-    # would wait on the pipe forever while this process waited for it to end.
-    ranks = mp.start_processes(
-        rank_main, args=(ports, args, queue), nprocs=args.ranks, start_method="spawn", join=False
-    )
-    rounds, every = queue.get()
-    while not ranks.join():
-        pass
+    rounds, every = run_ranks(rank_main, (ports, args), args.ranks)
     print(
         f"{os.cpu_count()} cores, {args.ranks} gloo ranks, {args.blocks} rounds of {args.steps} steps each, "
         f"width {args.width}, {args.batch} samples a rank; K chosen: {every}"

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+from spawned import run_ranks
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
@@ -113,15 +113,7 @@ def main() -> None:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    queue: Any = mp.get_context("spawn").SimpleQueue()
-    # Read before joining: rank 0's results outgrow the pipe's buffer (1000 rounds did), and it
-    # would wait on the pipe forever while this process waited for it to end.
-    ranks = mp.start_processes(
-        rank_main, args=(port, args, queue), nprocs=RANKS, start_method="spawn", join=False
-    )
-    rounds = queue.get()
-    while not ranks.join():
-        pass
+    rounds = run_ranks(rank_main, (port, args), RANKS)
     print(
         f"{os.cpu_count()} cores, {RANKS} gloo ranks, {args.blocks} rounds of {args.steps} steps each, "
         f"width {args.width}, {args.batch} samples a rank"
