@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import QUICKSTART, slurm_command, slurmddp
+from conftest import QUICKSTART, run_job_id, slurm_command, slurmddp, submit_run, wait_for_job
 from lab_control import LabDaemons, wait_gone
 
 from slurmddp.errors import EXIT_SLURM_ERROR
@@ -21,9 +21,10 @@ from slurmddp.errors import EXIT_SLURM_ERROR
 pytestmark = pytest.mark.slurm
 
 
-def start_slurmctld(lab: LabDaemons) -> None:
-    """As tests/slurm_lab/up starts it; returns once `scontrol ping` says it is UP and every node
-    registered again (UNKNOWN until then: the next test on this lab was refused its submission)."""
+def start_slurmctld(lab: LabDaemons, registered: bool = True) -> None:
+    """As tests/slurm_lab/up starts it; returns once `scontrol ping` says it is UP and, with
+    `registered`, every node registered again (UNKNOWN until then: the next test on this lab was
+    refused its submission)."""
     with (lab.state_dir / "log" / "slurmctld.log").open("a") as log:
         subprocess.run(
             ["slurmctld", "-f", str(lab.conf)],
@@ -38,20 +39,35 @@ def start_slurmctld(lab: LabDaemons) -> None:
         if time.monotonic() > deadline:
             raise TimeoutError(f"slurmctld does not answer 30 s after its start: see {lab.state_dir}/log")
         time.sleep(0.2)
-    while "unknown" in slurm_command(["sinfo", "-h", "-N", "-o", "%T"], lab.env).stdout.lower():
-        if time.monotonic() > deadline + 60:
-            raise TimeoutError(f"nodes not registered 90 s after slurmctld started: see {lab.state_dir}/log")
+    if registered:
+        wait_registered(lab)
+
+
+def wait_registered(lab: LabDaemons) -> None:
+    deadline = time.monotonic() + 60
+    while nodes_unknown(lab.env):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"nodes not registered 60 s after slurmctld answered: see {lab.state_dir}/log")
         time.sleep(0.5)
+
+
+def nodes_unknown(env: dict[str, str]) -> bool:
+    return "unknown" in slurm_command(["sinfo", "-h", "-N", "-o", "%T"], env).stdout.lower()
+
+
+def stop_slurmctld(lab: LabDaemons) -> None:
+    """SIGTERM: it saves its state."""
+    pid = lab.pid("slurmctld")
+    os.kill(pid, signal.SIGTERM)
+    wait_gone(pid)
 
 
 @pytest.fixture
 def controller_down(slurm_env: dict[str, str]) -> Iterator[dict[str, str]]:
     """The lab with its slurmctld stopped (SIGTERM: it saves its state), started again after."""
     lab = LabDaemons(slurm_env)
-    pid = lab.pid("slurmctld")
-    os.kill(pid, signal.SIGTERM)
+    stop_slurmctld(lab)
     try:
-        wait_gone(pid)
         yield slurm_env
     finally:
         start_slurmctld(lab)
@@ -67,3 +83,22 @@ def test_submit_refuses_when_no_controller_answers(controller_down: dict[str, st
     assert not out.exists(), f"a refused submission left {sorted(out.rglob('*'))}"
     index = Path(controller_down["XDG_STATE_HOME"]) / "slurmddp" / "runs.jsonl"
     assert not index.exists() or index.read_text() == "", index.read_text()
+
+
+@pytest.mark.lab_generation("22.05")
+def test_submit_right_after_slurmctld_started_is_queued(slurm_env: dict[str, str], tmp_path: Path) -> None:
+    """A just-started slurmctld holds its nodes UNKNOWN until their slurmd registers, and `sbatch
+    --test-only` refuses every job meanwhile while sbatch itself would queue it (seen on this lab):
+    a submit made the moment `scontrol ping` says UP waits for the nodes and is queued."""
+    lab = LabDaemons(slurm_env)
+    stop_slurmctld(lab)
+    try:
+        start_slurmctld(lab, registered=False)
+        unknown = nodes_unknown(slurm_env)
+        run = submit_run(slurm_env, tmp_path / "runs", "train.steps=1")
+    finally:
+        wait_registered(lab)
+    job = run_job_id(run)
+    slurm_command(["scancel", job], slurm_env, check=True)
+    wait_for_job(job, slurm_env)
+    assert unknown, "the nodes registered before the submit began: nothing was waited for"
