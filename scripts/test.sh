@@ -31,13 +31,26 @@ if [[ $EUID -eq 0 && ${SLURMDDP_FRESH_ROOT_CHECK:-1} != 0 ]]; then
   fresh_pid=$!
 fi
 
+# Bytecode for the package once: every rank, batch-script step and `python -m slurmddp` of the
+# suite imports it, and where PYTHONDONTWRITEBYTECODE is set each would compile it again (~0.3 s
+# of CPU a command).
+python3 -m compileall -q slurmddp
+
+# Where the time goes (tests/suite_clock.py, scripts/suite_time.py): the table at the end, the
+# records kept in build/suite-time/ for a closer look.
+times=build/suite-time
+rm -rf -- "$times"
+mkdir -p -- "$times"
 set +e
 # --durations: the slowest tests in the log, where time is to be won when the run nears its limit.
 # -rfEs: the short summary lists failures, errors and skips; conftest.py lists the tests run again
 # after a failure (LOADED_RERUNS).
-python3 -m pytest -n "${SLURMDDP_TEST_WORKERS:-4}" --dist loadgroup --durations=25 -rfEs "$@"
+SLURMDDP_SUITE_TIMES="$times/records" python3 -m pytest -n "${SLURMDDP_TEST_WORKERS:-4}" --dist loadgroup \
+  --durations=25 -rfEs --junitxml="$times/junit.xml" "$@"
 code=$?
 took "pytest"
+python3 scripts/suite_time.py --times "$times/records" --junit "$times/junit.xml" >"$times/table.md"
+cat -- "$times/table.md" >&2
 fresh=0
 if [[ -n $fresh_pid ]]; then
   wait "$fresh_pid"

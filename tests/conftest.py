@@ -44,6 +44,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 import pytest
+import suite_clock
 from lab_processes import parent_pid as parent_pid
 from lab_processes import rank_mains as rank_mains
 from lab_processes import rank_pids as rank_pids
@@ -147,6 +148,7 @@ def pytest_configure(config: pytest.Config) -> None:
         os.environ[name] = str(session_dir / name.lower())
     config.stash[_USER_INDEX_DIGEST] = file_digest(USER_INDEX)
     prime_process_caches()
+    suite_clock.start(config)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
@@ -262,10 +264,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         callspec = getattr(item, "callspec", None)
         if callspec is not None and "slurm_generation" in callspec.params:
             group = lab_group(item.nodeid, callspec.params["slurm_generation"])
-            if item.get_closest_marker("alone"):
-                # Its own group: it may take a worker's whole run, and the rest of its module
-                # should not wait behind it (its module fixtures are made again for it).
-                group = f"{group}:{item.originalname}"
             item.add_marker(pytest.mark.xdist_group(group))
     mark_process_tests(items)
     for item in items:
@@ -336,7 +334,8 @@ class Labs:
 
     def up(self, generation: str) -> dict[str, str]:
         try:
-            proc = self.run(LAB_UP, generation, UP_TIMEOUT_S)
+            with suite_clock.spent("lab up"):
+                proc = self.run(LAB_UP, generation, UP_TIMEOUT_S)
         except subprocess.TimeoutExpired as exc:
             pytest.fail(
                 f"{LAB_UP} ({generation}) did not finish in {UP_TIMEOUT_S}s:\n{exc.stderr!r}", pytrace=False
@@ -365,7 +364,8 @@ class Labs:
 
     def down(self) -> None:
         for generation in self.outcomes:  # also after a failed or half-finished `up`
-            proc = self.run(LAB_DOWN, generation, DOWN_TIMEOUT_S)
+            with suite_clock.spent("lab down"):
+                proc = self.run(LAB_DOWN, generation, DOWN_TIMEOUT_S)
             if proc.returncode != 0:
                 # A finalizer that raises would hide the test results; say it loudly instead.
                 print(f"\n{LAB_DOWN} ({generation}) exited {proc.returncode}:\n{proc.stdout}{proc.stderr}")
@@ -434,6 +434,11 @@ SACCT_LAG_S = 60.0
 
 
 def wait_for_job(job_id: str, env: Mapping[str, str], timeout: float = 120.0, poll: float = 0.5) -> str:
+    with suite_clock.spent("slurm job"):
+        return _wait_for_job(job_id, env, timeout, poll)
+
+
+def _wait_for_job(job_id: str, env: Mapping[str, str], timeout: float, poll: float) -> str:
     """Wait until Slurm job `job_id` has ended and return its final state from sacct.
 
     Polls `squeue -h -j ID` (not `sbatch -W`, which polls after 2, 8, then 32 s). A requeued job
@@ -487,14 +492,15 @@ def submit_run(env: dict[str, str], out: Path, *overrides: str, experiment: Path
     """`submit EXPERIMENT OVERRIDES output_dir=OUT` from OUT's parent (made if missing); the run
     directory."""
     out.parent.mkdir(parents=True, exist_ok=True)
-    proc = subprocess.run(
-        [sys.executable, "-m", "slurmddp", "submit", str(experiment), *overrides, f"output_dir={out}"],
-        env=env,
-        cwd=out.parent,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    with suite_clock.spent("slurmddp command"):
+        proc = subprocess.run(
+            [sys.executable, "-m", "slurmddp", "submit", str(experiment), *overrides, f"output_dir={out}"],
+            env=env,
+            cwd=out.parent,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     (manifest,) = out.glob("*/*/manifest.json")
     return manifest.parent
@@ -541,24 +547,26 @@ def preempt_with_high_job(env: dict[str, str], tmp: Path) -> None:
 def wait_until(what: str, check: Callable[[], bool], timeout: float = 180) -> None:
     """Poll `check` until it is true; TimeoutError naming `what` after `timeout` seconds."""
     deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise TimeoutError(what)
-        time.sleep(0.2)
+    with suite_clock.spent("run progress"):
+        while not check():
+            if time.monotonic() > deadline:
+                raise TimeoutError(what)
+            time.sleep(0.2)
 
 
 def slurmddp(
     env: dict[str, str], cwd: Path, *args: str, timeout: float = 300
 ) -> subprocess.CompletedProcess[str]:
     """`python -m slurmddp ARGS...` in `cwd` with `env`, output captured."""
-    return subprocess.run(
-        [sys.executable, "-m", "slurmddp", *args],
-        env=env,
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+    with suite_clock.spent("slurmddp command"):
+        return subprocess.run(
+            [sys.executable, "-m", "slurmddp", *args],
+            env=env,
+            cwd=cwd,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
 
 
 def run_dirs(out: Path) -> list[Path]:
