@@ -29,7 +29,7 @@ from conftest import (
 )
 from lab_control import LabDaemons
 
-from slurmddp.cluster import hostlist
+from slurmddp.cluster import hostlist, timespec
 from slurmddp.rundir.records import Failure
 
 STEPS = 1000
@@ -121,29 +121,41 @@ def assert_no_step_lost(run: Path, unsaved: list[dict[str, Any]] | None = None) 
         assert [at for at in resumed if at in saved] == saved, (resumed, saved)
 
 
-@pytest.mark.alone
+def time_used(env: dict[str, str], job: str) -> int:
+    """Seconds the job's allocation has run, as slurmctld counts them against its limit."""
+    proc = slurm_command(["squeue", "-h", "-j", job, "-O", "TimeUsed"], env, check=True)
+    return timespec.parse_time(proc.stdout.strip())
+
+
+def set_time_limit(env: dict[str, str], job: str, minutes: int) -> None:
+    slurm_command(["scontrol", "update", f"JobId={job}", f"TimeLimit={minutes}"], env, check=True)
+
+
 def test_time_limit_requeues_and_resumes_bit_exact(
     slurm_env: dict[str, str], tmp_path: Path, reference: str
 ) -> None:
-    # Slurm 22.05 sends the time-limit signal up to 60 s early and checks limits every ~30 s: with
-    # a 1-minute limit each attempt gets 0-45 s, so this run takes several (the run alone trains in
-    # ~30 s on a quiet machine: a longer limit lets it end in one attempt). Once, the ~30 s cycle of
-    # attempt plus requeue locked onto slurmctld's check and ten attempts in a row stopped right
-    # after their ~13 s startup, one step each (the run completed on its 20th attempt, after 602 s);
-    # in a CI run whose four workers all ran lab tests (load 12), starts took most of each attempt
-    # and the run took 1027 s: no budget on timeouts here, and a worker of its own (`alone`).
-    # xdist hands a group of one out last, when the load falls: handed out first, beside three
-    # workers of lab tests (load 13-16), it took 29 attempts of a step or a few each and outran its
-    # 1500 s wait, and its rerun 24 attempts.
-    overrides = ("resources.time=1", "requeue.signal_lead_s=30", "requeue.max_timeouts=-1")
+    """The job's time limit runs out mid-run: Slurm's own warning signal (`--signal`, lead 30 s)
+    stops every rank at one step, they save, the job requeues itself as a timeout, and the next
+    attempt resumes there and ends with the uninterrupted run's parameters.
+
+    Where the limit runs out is chosen, not waited for: a limit fixed at submission gave each
+    attempt 0-45 s (Slurm signals up to 60 s early and checks every ~30 s), which under a loaded
+    CI went to a start and a step or two, 29 attempts and up to 1500 s a run. Here the job runs
+    under a 10-minute limit until step 100, then the limit is cut to end 45-105 s later (Slurm
+    counts limits in minutes): the signal comes at slurmctld's next check; once that attempt ends,
+    the limit goes back to 10 minutes. The steps sleep 0.1 s each (no CPU), so the first attempt
+    is still training when the signal comes, on a quiet machine too."""
+    overrides = ("train.step_sleep=0.1", "requeue.signal_lead_s=30", "requeue.max_timeouts=-1")
     run = submit_run(slurm_env, tmp_path / "runs", *COMMON, *overrides)
-    assert wait_for_job(run_job_id(run), slurm_env, timeout=1500) == "COMPLETED"
-    # With 4 test workers on 2 cores, one attempt of 14 (its ranks still starting, 20 s after the
-    # allocation began) ended with srun's status 140, 128 + SIGUSR2: the time-limit signal itself
-    # ended the step before any rank recorded the stop, and it counted as a failure. The run went
-    # on from its last save; such ends are shown, not hidden, and no other kind is allowed.
-    # Such an end is a timeout too (job/allocation/requeue.py), but one that saved nothing: the next attempt
-    # resumes from the newest save before it.
+    job = run_job_id(run)
+    wait_until("step 100", lambda: progress_step(run) >= 100, timeout=300)
+    set_time_limit(slurm_env, job, timespec.minutes_ceil(time_used(slurm_env, job) + 45))
+    wait_until("the attempt under the cut limit to end", lambda: bool(ends(run)), timeout=300)
+    set_time_limit(slurm_env, job, 10)
+    assert wait_for_job(job, slurm_env, timeout=600) == "COMPLETED"
+    # Under load an attempt's own time-limit signal once ended its step before any rank recorded
+    # the stop (srun's status 140, 128 + SIGUSR2): a timeout that saved nothing, after which the
+    # next attempt resumes from the newest save before it. Shown, not hidden; no other kind allowed.
     signal_ended = [r for r in ends(run) if r.get("status") == 128 + signal.SIGUSR2]
     if signal_ended:
         print(f"attempts ended by the time-limit signal itself: {signal_ended}")
