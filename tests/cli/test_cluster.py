@@ -29,6 +29,9 @@ def job_ranks(run_dir: Path, name: str = "ranks.json") -> list[dict[str, Any]]:
     return ranks
 
 
+# One generation: the sums are torch's, not Slurm's; on 24.11 the same match (4 ranks in float64,
+# one process) is test_training_cluster.py's test_four_ranks_in_float64_match_one_process.
+@pytest.mark.lab_generation("22.05")
 def test_synthetic_two_nodes_matches_single_process(slurm_env: dict[str, str], tmp_path: Path) -> None:
     import torch
 
