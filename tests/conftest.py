@@ -434,11 +434,6 @@ SACCT_LAG_S = 60.0
 
 
 def wait_for_job(job_id: str, env: Mapping[str, str], timeout: float = 120.0, poll: float = 0.5) -> str:
-    with suite_clock.spent("slurm job"):
-        return _wait_for_job(job_id, env, timeout, poll)
-
-
-def _wait_for_job(job_id: str, env: Mapping[str, str], timeout: float, poll: float) -> str:
     """Wait until Slurm job `job_id` has ended and return its final state from sacct.
 
     Polls `squeue -h -j ID` (not `sbatch -W`, which polls after 2, 8, then 32 s). A requeued job
@@ -447,6 +442,11 @@ def _wait_for_job(job_id: str, env: Mapping[str, str], timeout: float, poll: flo
     task). Raises TimeoutError when the job is still queued or running after `timeout` seconds,
     RuntimeError when squeue fails other than on a blip of slurmctld (`slurm_command`).
     """
+    with suite_clock.spent("slurm job"):
+        return _wait_for_job(job_id, env, timeout, poll)
+
+
+def _wait_for_job(job_id: str, env: Mapping[str, str], timeout: float, poll: float) -> str:
     deadline = time.monotonic() + timeout
     while True:
         proc = slurm_command(["squeue", "-h", "-j", job_id, "-o", "%T"], env)

@@ -104,10 +104,14 @@ _clock: Clock | None = None
 
 
 def start(config: pytest.Config) -> None:
-    """Register the clock when SLURMDDP_SUITE_TIMES names a folder (made if missing)."""
+    """Register the clock when SLURMDDP_SUITE_TIMES names a folder (made if missing), in each
+    process that runs tests."""
     global _clock
     folder = os.environ.get(TIMES_VAR)
-    if not folder:
+    # xdist's controller hears every worker's reports again: only the process that runs a test
+    # records it.
+    controller = bool(getattr(config.option, "numprocesses", None)) and not hasattr(config, "workerinput")
+    if not folder or controller:
         return
     Path(folder).mkdir(parents=True, exist_ok=True)
     worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
