@@ -319,8 +319,8 @@ def resident(exp: Experiment) -> bool:
 def resident_import(exp: Experiment) -> str:
     """What a resident task imports before it forks its rank: a function's rank needs torch and
     torch._dynamo (every optimizer's first step imports it); a script's rank only hosts the store
-    (torch's c10d), and the script imports the rest in a process of its own (1.9 s of CPU a task
-    saved at each start, measured on this project's CI machine)."""
+    (torch's c10d), and the script imports the rest in a process of its own: torch._dynamo there
+    was 1.9 s of CPU a task at each start, for nothing (torch alone takes as long)."""
     return "torch._dynamo" if exp.entrypoint.function is not None else "torch"
 
 
