@@ -26,6 +26,14 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 BUDGETS = ROOT / "tests" / "suite_budgets.json"
+SPAN_CATEGORY = {
+    "lab up": "lab start and stop",
+    "lab down": "lab start and stop",
+    "slurm job": "waiting for Slurm jobs",
+    "run progress": "waiting on a run's progress",
+    "slurmddp command": "slurmddp commands",
+}
+"""The category of each of tests/suite_clock.py's SPANS."""
 CATEGORIES = (
     "lab start and stop",
     "module fixtures (reference runs, bundles)",
@@ -42,14 +50,21 @@ class Module:
 
     path: str
     tests: int = 0
-    seconds: float = 0.0
     lab: bool = False
-    slowest: tuple[float, str] = (0.0, "")
+    by_test: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+    """Each test's time, its phases and tries together."""
 
     def add(self, name: str, seconds: float, counted: bool) -> None:
         self.tests += counted
-        self.seconds += seconds
-        self.slowest = max(self.slowest, (seconds, name))
+        self.by_test[name] += seconds
+
+    @property
+    def seconds(self) -> float:
+        return sum(self.by_test.values())
+
+    @property
+    def slowest(self) -> tuple[float, str]:
+        return max(((s, name) for name, s in self.by_test.items()), default=(0.0, ""))
 
 
 @dataclass
@@ -65,6 +80,11 @@ class Suite:
         return self.modules.setdefault(path, Module(path))
 
 
+def plain(name: str) -> str:
+    """A test's id or name without the "@GROUP" xdist appends to a grouped test's."""
+    return name.split("@", 1)[0]
+
+
 def module_of_classname(classname: str) -> str:
     """JUnit's `tests.job.test_x` (or `tests.job.test_x.TestClass`) as a path."""
     parts = classname.split(".")
@@ -77,7 +97,7 @@ def from_junit(path: Path) -> Suite:
     suite = Suite()
     for case in ET.parse(path).getroot().iter("testcase"):
         module = suite.module(module_of_classname(case.get("classname", "")))
-        name = case.get("name", "").split("@", 1)[0]  # xdist appends "@GROUP" to a grouped test's name
+        name = plain(case.get("name", ""))
         module.add(name, float(case.get("time", "0")), case.find("skipped") is None)
         # JUnit names no markers: a lab test runs on a generation, or lives in a *_cluster module.
         on_a_lab = re.search(r"\[(22\.05|24\.11)[]-]", name) or module.path.endswith("_cluster.py")
@@ -110,7 +130,7 @@ def from_times(folder: Path, suite: Suite | None = None) -> Suite:
             start = float(r["start"])  # type: ignore[arg-type]
             first[worker] = min(first.get(worker, start), start)
             last[worker] = max(last[worker], start + s)
-            test = str(r["test"])
+            test = plain(str(r["test"]))
             if r["outcome"] == "rerun":
                 suite.reruns.append(test)
             if from_records:
@@ -126,15 +146,7 @@ def from_times(folder: Path, suite: Suite | None = None) -> Suite:
         elif kind == "span":
             if r.get("fixture"):
                 continue  # inside a module fixture's setup: counted there
-            what = str(r["what"])
-            category = {
-                "lab up": "lab start and stop",
-                "lab down": "lab start and stop",
-                "slurm job": "waiting for Slurm jobs",
-                "run progress": "waiting on a run's progress",
-                "slurmddp command": "slurmddp commands",
-            }[what]
-            suite.categories[category] += s
+            suite.categories[SPAN_CATEGORY[str(r["what"])]] += s
     named = sum(v for k, v in suite.categories.items() if k != CATEGORIES[-1])
     suite.categories[CATEGORIES[-1]] = max(0.0, total - named)
     suite.lanes = {w: (busy[w], first[w], last[w]) for w in busy}

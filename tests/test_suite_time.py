@@ -45,6 +45,8 @@ def phase(
 
 
 LAB = "tests/job/test_x_cluster.py::test_a[22.05]"
+GROUPED = f"{LAB}@tests/job/test_x_cluster.py:22.05"
+"""The id xdist reports for it: its group appended."""
 UNIT = "tests/job/test_y.py::test_b"
 
 
@@ -58,8 +60,8 @@ def test_the_table_sums_each_module_and_splits_the_time_by_what_it_waited_on(tmp
         {"kind": "fixture", "test": LAB, "name": "reference", "scope": "module", "shared": True, "s": 40.0},
         {"kind": "span", "test": LAB, "what": "slurm job", "fixture": "reference", "s": 35.0},
         {"kind": "span", "test": LAB, "what": "lab up", "fixture": None, "s": 9.0},
-        phase(LAB, "call", 150.0, 30.0, outcome="rerun"),
-        phase(LAB, "call", 180.0, 20.0),
+        phase(GROUPED, "call", 150.0, 30.0, outcome="rerun"),
+        phase(GROUPED, "call", 180.0, 20.0),
         {"kind": "span", "test": LAB, "what": "slurm job", "fixture": None, "s": 15.0},
         phase(LAB, "teardown", 200.0, 1.0),
     )
@@ -67,6 +69,7 @@ def test_the_table_sums_each_module_and_splits_the_time_by_what_it_waited_on(tmp
     suite = suite_time.from_times(times)
     lab, unit = suite.modules["tests/job/test_x_cluster.py"], suite.modules["tests/job/test_y.py"]
     assert (lab.tests, lab.seconds, lab.lab) == (1, 101.0, True)  # counted once, rerun or not
+    assert lab.slowest == (101.0, "test_a[22.05]")  # its setup, both tries and teardown
     assert (unit.tests, unit.seconds, unit.lab) == (1, 2.0, False)
     assert suite.categories["module fixtures (reference runs, bundles)"] == 40.0
     assert suite.categories["waiting for Slurm jobs"] == 15.0  # not the reference run's 35 again
@@ -95,7 +98,7 @@ def test_junit_alone_gives_the_table_by_module(tmp_path: Path) -> None:
     xml = tmp_path / "junit.xml"
     xml.write_text(
         '<testsuites><testsuite name="pytest">'
-        '<testcase classname="tests.job.test_x_cluster" name="test_a[22.05]" time="12.5"/>'
+        '<testcase classname="tests.job.test_x_cluster" name="test_a[22.05]@g" time="12.5"/>'
         '<testcase classname="tests.job.test_x_cluster" name="test_b[24.11-3]" time="7.5"/>'
         '<testcase classname="tests.job.test_y" name="test_c" time="1.0"><skipped/></testcase>'
         "</testsuite></testsuites>"
@@ -119,3 +122,10 @@ def test_every_lab_module_has_a_budget_and_every_budget_a_module() -> None:
     budgets = suite_time.load_budgets(suite_time.BUDGETS)
     assert sorted(lab_modules() - set(budgets)) == [], "give it a budget in tests/suite_budgets.json"
     assert sorted(set(budgets) - lab_modules()) == [], "a budget of a module that runs no lab test"
+
+
+def test_every_span_the_clock_records_has_a_category() -> None:
+    import suite_clock
+
+    assert sorted(suite_time.SPAN_CATEGORY) == sorted(suite_clock.SPANS)
+    assert set(suite_time.SPAN_CATEGORY.values()) <= set(suite_time.CATEGORIES)
