@@ -113,9 +113,12 @@ def start(config: pytest.Config) -> None:
     controller = bool(getattr(config.option, "numprocesses", None)) and not hasattr(config, "workerinput")
     if not folder or controller:
         return
-    Path(folder).mkdir(parents=True, exist_ok=True)
+    # Absolute now: a test that changes the working directory (monkeypatch.chdir) must not move
+    # where the records go.
+    records = Path(folder).resolve()
+    records.mkdir(parents=True, exist_ok=True)
     worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
-    _clock = Clock(Path(folder) / f"{worker}.jsonl")
+    _clock = Clock(records / f"{worker}.jsonl")
     config.pluginmanager.register(_clock, "suite_clock")
 
 
