@@ -12,6 +12,7 @@ import os
 import pty
 import re
 import select
+import signal
 import struct
 import termios
 import time
@@ -41,6 +42,11 @@ class Terminal:
         if pid == 0:  # the child: the pty's slave is its stdin, stdout, stderr and terminal
             try:
                 fcntl.ioctl(0, termios.TIOCSWINSZ, struct.pack("HHHH", rows, columns, 0, 0))
+                # As an interactive shell starts a foreground program: a suite started in the
+                # background of a script (`cmd &`) has SIGINT and SIGQUIT ignored, which exec keeps
+                # and Python then honours, so a typed Ctrl-C would do nothing.
+                for signum in (signal.SIGINT, signal.SIGQUIT):
+                    signal.signal(signum, signal.SIG_DFL)
                 os.chdir(cwd)
                 os.execvpe(argv[0], list(argv), {**env, "COLUMNS": str(columns), "TERM": "xterm"})
             finally:
