@@ -101,6 +101,11 @@ def test_stopped_twice_at_random_steps_it_ends_on_the_uninterrupted_run_bit_for_
     log = "".join(p.read_text() for p in (run / "logs").glob("*_0_log.out"))
     stopped = [int(part.split()[0]) for part in log.split("stopped at step ")[1:]]
     assert len(stopped) == 2 and any(s % (1437 // GLOBAL_BATCH) for s in stopped), (stops, stopped)
+    for step in stopped:
+        assert f"resumed from {run / 'checkpoints'}/step-{step:08d} at step {step}" in log, (
+            step,
+            log[-2000:],
+        )
     assert result(run)["result"]["param_sha256"] == result(ref)["result"]["param_sha256"], (stops, stopped)
     assert validation_history(run) == validation_history(ref)
     assert len(validation_history(run)) == EPOCHS

@@ -1,40 +1,19 @@
-"""slurmddp.integrations.accelerate: the newest complete state is the one resumed from, and an
-accelerate script stopped twice at random steps (3 local gloo ranks, dropout on, gradient
-accumulation 2) ends on the uninterrupted plain script's parameters, bit for bit, with no optimizer
-step made twice or missed (DDP's first step after a resume sums in the rebuilt bucket layout the
-first attempt recorded: `ddp.resume_buckets`, job/script/ddp_buckets.py)."""
+"""slurmddp.integrations.accelerate: the newest complete state is the one resumed from, what is
+refused and why. The script preempted twice at random steps under gradient accumulation, ending on
+the plain script's parameters bit for bit, is test_frameworks_cluster.py's accelerate case."""
 
 from __future__ import annotations
 
 import json
-import os
-import random
-import shutil
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
 
 import pytest
 import torch
-from conftest import ROOT, USER_STATE_VARS, only_run, rank_pids
 
 from slurmddp import files
 from slurmddp.errors import CheckpointError
 from slurmddp.integrations import accelerate as helper
-
-SCRIPT = ROOT / "examples" / "frameworks" / "accelerate_train.py"
-EPOCHS = 3
-RANKS = 3  # with two, a + b == b + a and a changed summation order would go unseen
-ACCUMULATE = 2
-PER_EPOCH = 13  # optimizer steps: 600 samples, batches of 8, 3 ranks: 25 batches, the last one alone
-STEPS = EPOCHS * PER_EPOCH
-FLAGS = ("--accumulate", str(ACCUMULATE))
-SLEEP = "0.06"
-
 
 # --- unit: which state directory is complete --------------------------------------------------
 
@@ -225,103 +204,3 @@ def test_a_loader_that_shuffles_without_a_seed_a_resume_can_repeat_is_refused(tm
     loader = torch.utils.data.DataLoader(list(range(8)), shuffle=True)
     with pytest.raises(CheckpointError, match="use_seedable_sampler=True"):
         helper.Resumable(FakeAccelerator(tmp_path), loader, folder=tmp_path)
-
-
-# --- local runs: 3 gloo ranks ---------------------------------------------------------------------
-
-
-def submit(out: Path, *flags: str) -> subprocess.Popen[str]:
-    out.mkdir(parents=True, exist_ok=True)
-    shutil.copy(SCRIPT, out / "accelerate_train.py")
-    (out / "exp.yaml").write_text(
-        f"entrypoint: accelerate_train.py --epochs {EPOCHS} {' '.join(flags)}\n"
-        f"executor: local\nresources: {{nodes: 1, tasks_per_node: {RANKS}}}\n"
-    )
-    return subprocess.Popen(
-        [sys.executable, "-m", "slurmddp", "submit", "exp.yaml", f"output_dir={out / 'runs'}"],
-        cwd=out,
-        # The module-scoped reference runs before the autouse fixture that gives a test its own
-        # user state: every run here gets its own.
-        env={
-            **os.environ,
-            "PYTHONPATH": str(ROOT),
-            **{v: str(out / "user" / v.lower()) for v in USER_STATE_VARS},
-        },
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-
-
-def finish(proc: subprocess.Popen[str], out: Path) -> tuple[Path, dict[str, Any]]:
-    stdout, _ = proc.communicate(timeout=300)
-    assert proc.returncode == 0, stdout
-    run = only_run(out / "runs")
-    return run, json.loads((run / "final.json").read_text())
-
-
-def steps_of(run: Path) -> dict[int, list[int]]:
-    return {
-        rank: [int(line.split()[0]) for line in (run / "steps" / f"rank-{rank}.txt").read_text().splitlines()]
-        for rank in range(RANKS)
-    }
-
-
-def rank0_log(out: Path) -> str:
-    return "".join(p.read_text() for p in sorted((out / "runs").glob("*/*/logs/*_0_log.*")))
-
-
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """The plain accelerate script, without the helper, never stopped."""
-    out = tmp_path_factory.mktemp("reference")
-    _, result = finish(submit(out, "--no-helper", *FLAGS), out)
-    assert result["steps"] == STEPS
-    return result
-
-
-def stop_twice(out: Path, proc: subprocess.Popen[str], stops: list[int]) -> None:
-    """SIGUSR2 to every rank once rank 0 made step `stops[i]` in attempt i."""
-    for attempt, threshold in enumerate(stops):
-        deadline = time.monotonic() + 240  # an attempt starts in 40-60 s on a loaded machine
-        while True:
-            assert proc.poll() is None and time.monotonic() < deadline, f"no step {threshold} (stops {stops})"
-            log = rank0_log(out)
-            if log.count("slurmddp: resumed from") == attempt:
-                path = next((out / "runs").glob("*/*/steps/rank-0.txt"), None)
-                lines = path.read_text().splitlines() if path else []
-                if lines and int(lines[-1].split()[0]) >= threshold:
-                    break
-            time.sleep(0.02)
-        for pid in rank_pids(only_run(out / "runs")):
-            os.kill(pid, signal.SIGUSR2)
-        while rank0_log(out).count("slurmddp: resumed from") == attempt:
-            assert proc.poll() is None and time.monotonic() < deadline, f"no resume (stops {stops})"
-            time.sleep(0.05)
-
-
-def test_stopped_twice_at_random_steps_it_ends_on_the_uninterrupted_run_bit_for_bit(
-    tmp_path: Path, reference: dict[str, Any]
-) -> None:
-    draw = random.SystemRandom()  # not the global generator, which a test may have seeded
-    first = draw.randrange(3, 15)
-    stops = [first, draw.randrange(first + 6, STEPS - 8)]
-    proc = submit(tmp_path, "--record-steps", "--step-sleep", SLEEP, *FLAGS)
-    stop_twice(tmp_path, proc, stops)
-    run, result = finish(proc, tmp_path)
-
-    log = rank0_log(tmp_path)
-    stopped = [
-        int(line.rsplit("at step ", 1)[1].split()[0])
-        for line in log.splitlines()
-        if line.endswith("for the stop")
-    ]
-    assert len(stopped) == 2, (stops, log)
-    assert any(s % PER_EPOCH for s in stopped), (stops, stopped)  # one stop mid-epoch at least
-    # Every rank made every step exactly once, across the three attempts.
-    for rank, made in steps_of(run).items():
-        assert made == list(range(1, STEPS + 1)), (rank, stops, stopped, made)
-    # The first attempt recorded its DDP's rebuilt bucket layout, which the resumed ones were built
-    # in (ddp.resume_buckets): what makes their first steps sum as the uninterrupted run did.
-    assert (run / "ddp" / "0.json").is_file(), sorted(p.name for p in run.iterdir())
-    assert result["param_sha256"] == reference["param_sha256"], (stops, stopped)

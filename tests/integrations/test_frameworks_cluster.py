@@ -6,7 +6,12 @@ made once, locally with the same 4 ranks (gloo sums in the same order over loopb
 lab's bridge), and shared by both Slurm generations. The same scripts without the line, under
 `integrations: auto`, are stopped and resumed bit-exact by the local tests (test_transformers.py's
 damaged-checkpoint test, test_lightning.py's SIGTERM-only test): the import hook that adds the line
-works the same under either executor, and the line it adds is the one preempted here."""
+works the same under either executor, and the line it adds is the one preempted here.
+
+Per case beyond that: the first attempt's DDP bucket layout recorded (ddp.resume_buckets);
+accelerate's under gradient accumulation, against the same loop without the helper, one stop
+mid-epoch; transformers' code after `trainer.train()` run once, by the last attempt; the plain
+loop's attempt records counting the steps its log times."""
 
 from __future__ import annotations
 
@@ -19,7 +24,7 @@ from typing import Any
 
 import pytest
 from conftest import slurmddp, wait_for_job, wait_until
-from framework_runs import FRAMEWORKS, final, finish, submit
+from framework_runs import FRAMEWORKS, assert_records_count_the_steps, final, finish, submit
 
 pytestmark = [pytest.mark.slurm, pytest.mark.lab_generation("22.05")]
 
@@ -40,22 +45,34 @@ class Case:
     digest: str = "digest"
     tensorboard: bool = False
     """The script logs to TensorBoard: every attempt must write into one run (one directory)."""
+    reference_args: tuple[str, ...] = ()
+    """Added to the uninterrupted run's arguments."""
+    epochs: int | None = None
+    """The epochs the run trains for: one of the two stops must come mid-epoch."""
+    after_train: bool = False
+    """The script appends its step to RUN_DIR/after_train.txt once training is over: what a user
+    does after training, which no attempt that stopped for a requeue may run."""
+    timed_steps: bool = False
+    """Each line of the step logs gives the step's time too: the attempt records' step counts are
+    checked against them."""
 
-    def overrides(self, out: Path) -> tuple[str, ...]:
-        return (
-            f"entrypoint.args=[{','.join(arg.format(out=out) for arg in self.args)}]",
-            f"output_dir={out}",
-        )
+    def overrides(self, out: Path, reference: bool = False) -> tuple[str, ...]:
+        args = (*self.args, *self.reference_args) if reference else self.args
+        return (f"entrypoint.args=[{','.join(arg.format(out=out) for arg in args)}]", f"output_dir={out}")
 
 
 CASES = {
     # A run of a few seconds would end before the second preemption came.
-    "torchrun": Case("torchrun.yaml", ("--epochs", "12", "--step-sleep", "0.03")),
+    "torchrun": Case("torchrun.yaml", ("--epochs", "12", "--step-sleep", "0.03"), timed_steps=True),
+    # Under accumulation, with the uninterrupted run made by the same loop without the helper
+    # (which neither saves nor resumes).
     "accelerate": Case(
         "accelerate.yaml",
-        ("--epochs", "6", "--record-steps", "--step-sleep", "0.05"),
+        ("--epochs", "12", "--accumulate", "2", "--record-steps", "--step-sleep", "0.05"),
         steps="steps/rank-{rank}.txt",
         digest="param_sha256",
+        reference_args=("--no-helper",),
+        epochs=12,
     ),
     "transformers": Case(
         "transformers.yaml",
@@ -68,10 +85,14 @@ CASES = {
             "0.05",
             "--report-to",
             "tensorboard",
+            # Trainer's default finds unused parameters, where DDP never rebuilds its buckets: off,
+            # the resumed attempts must replay the first one's rebuilt layout to end bit-exact.
+            "--find-unused=false",
         ),
         steps="../../steps/rank-{rank}.txt",
         digest="sha256",
         tensorboard=True,
+        after_train=True,
     ),
     "lightning": Case(
         "lightning.yaml",
@@ -119,7 +140,7 @@ def reference(
         case = CASES[framework]
         out = tmp_path_factory.mktemp(f"reference-{framework}") / "runs"
         ranks = ("resources.nodes=1", "resources.tasks_per_node=4")
-        run = finish(submit(out, case.experiment, *ranks, *case.overrides(out)), out)
+        run = finish(submit(out, case.experiment, *ranks, *case.overrides(out, reference=True)), out)
         total = len(made(run, case))
         assert_each_step_once(run, case, total)
         references[framework] = (str(final(run)[case.digest]), total)
@@ -170,6 +191,16 @@ def test_preempted_twice_at_random_steps_ends_bit_exact(
     assert reasons == ["preemption", "preemption", "completed"], (first, second, reasons)
     assert_each_step_once(run, case, total)
     assert final(run)[case.digest] == digest, f"preempted at steps {first} and {second}"
+    # The first attempt recorded its DDP's rebuilt bucket layout, which the resumed ones were built
+    # in (ddp.resume_buckets): what makes their first steps sum as the uninterrupted run did.
+    assert (run / "ddp" / "0.json").is_file(), sorted(p.name for p in run.iterdir())
+    stops = [e["step"] for e in ends(run)][:2]
+    if case.epochs is not None:
+        assert any(stop % (total // case.epochs) for stop in stops), (stops, total)
+    if case.after_train:
+        assert (run / "after_train.txt").read_text().split() == [str(total)], "it ran on a stop"
+    if case.timed_steps:
+        assert_records_count_the_steps(run, total)
     if case.tensorboard:
         # Each attempt opens its writer at least once, all in one directory: one run continued.
         events = list(run.glob("**/events.out.tfevents.*"))
