@@ -59,6 +59,8 @@ LOCAL_REQUEUE_STATUS = 144
 RESIDENT_ENV = "SLURMDDP_RESIDENT"
 """1 in the batch script's environment with requeue.resident_launcher: each task of a step stays
 for the allocation and forks its rank (job/launch/resident.py)."""
+RESIDENT_IMPORT_ENV = "SLURMDDP_RESIDENT_IMPORT"
+"""The module a resident task imports before it forks its rank: what the rank would import first."""
 
 VERSION = "0.1.0"
 """slurmddp's release, written once: pyproject.toml reads it from here, the package exports it as

@@ -9,8 +9,7 @@ exits with LOCAL_REQUEUE_STATUS. A process counts as a rank of the run only when
 its parent is the run's controller (not a process that reuses an old job id: its command line
 names the run's LOGS), its command line names LOGS, and its environment the job id. A rank's
 forked DataLoader workers share its command line and environment but not its parent, and a script
-rank's child, forked too, is named `slurmddp-script` (job/script/child.py): neither is taken for a
-rank.
+rank's child runs `slurmddp.job.script.scriptrun`: neither is taken for a rank.
 """
 
 from __future__ import annotations
@@ -22,8 +21,7 @@ from pathlib import Path
 
 CONTROLLER = b"submitit.local._local"
 TASK = b"submitit.core._submit"
-SCRIPT = "slurmddp-script"
-"""The process name job/script/child.py gives a script rank's script (its NAME)."""
+SCRIPT = b"slurmddp.job.script.scriptrun"
 
 
 @dataclass(frozen=True)
@@ -79,7 +77,7 @@ def tasks(job_id: str, logs: Path, proc: Path = Path("/proc")) -> list[Task]:
         scripts = [
             _caught(child.get("SigCgt", "0"))
             for child_pid, child in statuses.items()
-            if child.get("PPid") == str(pid) and child.get("Name") == SCRIPT
+            if child.get("PPid") == str(pid) and SCRIPT in (_cmdline(proc / str(child_pid)) or [])
         ]
         caught = _caught(status.get("SigCgt", "0"))
         found.append(Task(pid, int(rank), caught, scripts[0] if scripts else None))

@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 
 from slurmddp.errors import EXIT_USER_ERROR, SlurmddpError
-from slurmddp.job.script import child
 from slurmddp.manage import actions, backend, local_ranks, report, runs
 from slurmddp.manage.local_ranks import Task
 from slurmddp.rundir import records
@@ -23,19 +22,13 @@ JOB = "4242"
 
 
 def fake_process(
-    proc: Path,
-    pid: int,
-    ppid: int,
-    cmdline: list[str],
-    environ: dict[str, str],
-    caught: int = 0,
-    name: str = "python",
+    proc: Path, pid: int, ppid: int, cmdline: list[str], environ: dict[str, str], caught: int = 0
 ) -> None:
     entry = proc / str(pid)
     entry.mkdir(parents=True)
     (entry / "cmdline").write_bytes(b"\0".join(arg.encode() for arg in cmdline) + b"\0")
     (entry / "environ").write_bytes(b"".join(f"{k}={v}".encode() + b"\0" for k, v in environ.items()))
-    (entry / "status").write_text(f"Name:\t{name}\nPPid:\t{ppid}\nSigCgt:\t{caught:016x}\n")
+    (entry / "status").write_text(f"Name:\tpython\nPPid:\t{ppid}\nSigCgt:\t{caught:016x}\n")
 
 
 def test_the_ranks_are_the_controllers_tasks_and_nothing_else(tmp_path: Path) -> None:
@@ -48,8 +41,10 @@ def test_the_ranks_are_the_controllers_tasks_and_nothing_else(tmp_path: Path) ->
     fake_process(proc, 102, 100, task, {**env, "SUBMITIT_LOCAL_GLOBALID": "1"})
     # A DataLoader worker forked from rank 0: the same command line and environment.
     fake_process(proc, 103, 101, task, {**env, "SUBMITIT_LOCAL_GLOBALID": "0"})
-    # Rank 0's script, forked with its command line, and its stop-signal handler.
-    fake_process(proc, 104, 101, task, env, 1 << (TERM - 1), name=child.NAME)
+    # Rank 0's script, with its stop-signal handler.
+    fake_process(
+        proc, 104, 101, ["python", "-m", "slurmddp.job.script.scriptrun", "train.py"], env, 1 << (TERM - 1)
+    )
     # Another run's controller and task; a task of this controller for another folder.
     fake_process(proc, 200, 1, ["python", "-m", "submitit.local._local", str(other)], {})
     fake_process(proc, 201, 200, [*task[:-1], str(other)], {**env, "SUBMITIT_LOCAL_JOB_ID": "200"})

@@ -311,6 +311,23 @@ def test_the_resident_launcher_is_on_unless_mpi_starts_the_ranks_or_it_is_turned
     assert resident(load_experiment(QUICKSTART, overrides).experiment) is expected
 
 
+def test_a_resident_task_imports_what_its_rank_would_import_first(tmp_path: Path) -> None:
+    """A function's rank steps an optimizer (torch._dynamo); a script's rank only hosts the store
+    (torch) while the script imports its own in a process of its own."""
+
+    def imported(*overrides: str) -> list[str]:
+        loaded = load_experiment(QUICKSTART, [f"output_dir={tmp_path}", *overrides])
+        run_dir = new_run_dir(loaded.experiment.output_dir, loaded.experiment.name)
+        script = build(loaded, executor="slurm", workdir=ROOT, run_dir=run_dir, interpreter="python3")
+        return [line for line in script.batch_script().splitlines() if "SLURMDDP_RESIDENT_IMPORT" in line]
+
+    assert imported() == ["export SLURMDDP_RESIDENT_IMPORT=torch._dynamo"]
+    assert imported("entrypoint.function=null", "entrypoint.script=torchrun_script.py") == [
+        "export SLURMDDP_RESIDENT_IMPORT=torch"
+    ]
+    assert imported("requeue.resident_launcher=false") == []
+
+
 @pytest.mark.parametrize("resident_launcher", ["null", "false"])
 def test_the_ranks_variables_torch_reads_at_import_are_exported_before_a_resident_task_imports_it(
     tmp_path: Path, resident_launcher: str

@@ -19,6 +19,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import ctypes
+import importlib
 import os
 import signal
 import sys
@@ -27,7 +28,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import NoReturn
 
-from slurmddp.defaults import EXIT_RESTART_IN_JOB, IN_JOB_RESTART_ENV
+from slurmddp.defaults import EXIT_RESTART_IN_JOB, IN_JOB_RESTART_ENV, RESIDENT_IMPORT_ENV
 from slurmddp.files import write_atomic
 from slurmddp.job.process import signals
 from slurmddp.rundir.layout import RESIDENT
@@ -63,10 +64,10 @@ def supervise(
     # Loader workers orphaned by a dead rank come back to this process, which ends them: their
     # copies of the rank's sockets would hold the peers' connections open.
     ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
-    # The imports a rank's start pays for: torch, and torch._dynamo, which every optimizer's first
-    # step imports; a script's rank forks its script from here on (job/script/child.py). No
-    # tensor operation here: the forks must not inherit a started thread pool.
-    import torch._dynamo  # noqa: F401
+    # The imports a rank's start pays for (RESIDENT_IMPORT_ENV): torch, and for a function's rank
+    # torch._dynamo, which every optimizer's first step imports. No tensor operation here: the
+    # forks must not inherit a started thread pool.
+    importlib.import_module(env.get(RESIDENT_IMPORT_ENV) or "torch._dynamo")
 
     task = int(env.get("SLURM_PROCID") or 0)
     tasks = int(env.get("SLURM_STEP_NUM_TASKS") or env.get("SLURM_NTASKS") or 1)

@@ -142,16 +142,10 @@ def _run_entrypoint(spec: RankSpec, dist: DistEnv) -> Any:
     forks.install()
     if spec.workdir not in sys.path:
         sys.path.insert(0, spec.workdir)
-
-    def provenance() -> None:
-        if dist.rank == 0:
-            _record_provenance(spec, dist)
-
+    if dist.rank == 0:
+        _record_provenance(spec, dist)
     if spec.script is not None or spec.module is not None:
-        # Its thread once the script's process is forked: a fork copies no thread but the
-        # caller's, and a lock another one held (a print's) would stay held in the child.
-        return run_script(spec, dist, started=provenance)
-    provenance()
+        return run_script(spec, dist)
     assert spec.function is not None
     watchdog = _watchdog(spec, dist)
     try:

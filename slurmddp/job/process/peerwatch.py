@@ -40,6 +40,7 @@ import os
 import secrets
 import selectors
 import socket
+import subprocess
 import sys
 import threading
 import time
@@ -498,17 +499,17 @@ def _silent_words(host: str) -> str:
 
 
 def start(
-    store: Store, dist: DistEnv, spec: RankSpec, end_child: Callable[[], None] | None = None
+    store: Store, dist: DistEnv, spec: RankSpec, child: subprocess.Popen[bytes] | None = None
 ) -> PeerWatch | None:
-    """The watch of this rank of `spec`'s step; None for a single rank. `end_child`: ends the
-    script run as this rank's child, which ends with it."""
+    """The watch of this rank of `spec`'s step; None for a single rank. `child`: a script run as
+    this rank's child, ended with it."""
     if dist.world_size == 1:
         return None
     run_dir = Path(spec.run_dir)
 
     def before() -> None:
-        if end_child is not None:
-            end_child()
+        if child is not None:
+            child.kill()
         if spec.executor == "local" and dist.rank == 0:
             # Slurm's batch script records a step's end after srun; a local run's rank 0 does.
             from slurmddp.job.allocation import attempts

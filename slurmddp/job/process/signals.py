@@ -42,13 +42,6 @@ def ignore(names: tuple[str, ...]) -> None:
         signal.signal(getattr(signal, f"SIG{name}"), signal.SIG_IGN)
 
 
-def forget() -> None:
-    """Start again with no signal received and nothing to run after one: a process forked to run
-    something else (job/script/child.py) has its own stop to hear."""
-    global _received, _received_at, _then
-    _received = _received_at = _then = None
-
-
 def received() -> int | None:
     """The first stop signal this process got, if any."""
     return _received

@@ -9,6 +9,7 @@ import json
 import os
 import shlex
 import signal
+import subprocess
 import sys
 import tempfile
 import threading
@@ -20,10 +21,9 @@ from typing import TYPE_CHECKING, NoReturn
 
 from slurmddp.defaults import LOCAL_REQUEUE_STATUS
 from slurmddp.errors import EntrypointFailed
-from slurmddp.job.process import crash, mpi, peerwatch, rendezvous, signals, stop
+from slurmddp.job.process import crash, peerwatch, rendezvous, signals, stop
 from slurmddp.job.process.distenv import DistEnv
 from slurmddp.job.process.watchdog import HANG_EXIT_STATUS, rendezvous_s
-from slurmddp.job.script import child as script_child
 from slurmddp.job.script import scriptrun
 from slurmddp.job.spec import RankSpec
 from slurmddp.job.train import trackers
@@ -52,16 +52,15 @@ class _ScriptRun:
     watch: peerwatch.PeerWatch | None
 
 
-def run_script(spec: RankSpec, dist: DistEnv, started: Callable[[], None]) -> int:
+def run_script(spec: RankSpec, dist: DistEnv) -> int:
     """Run a torchrun-style script as this rank. A stop signal reaches it as SIGTERM, the signal
     torchrun's agent sends its workers; the script saves its own snapshot and exits, and the job is
-    requeued as for a function entrypoint. `started` runs once the script's process is forked:
-    what starts a thread in this process must wait until then."""
+    requeued as for a function entrypoint."""
     assert spec.script is not None or spec.module is not None
     if dist.rank == 0:
         rendezvous.check_port_free(dist.master_port)
     command = spec.command()
-    run = _run_child(spec, dist, command, started)
+    run = _run_child(spec, dist, command)
     if dist.rank == 0 and run.step is not None:
         # The attempt's last count, which the next attempt goes on from; when its first step was
         # seen, as the polling recorded it (a script that ended before the first poll: now).
@@ -93,7 +92,7 @@ def run_script(spec: RankSpec, dist: DistEnv, started: Callable[[], None]) -> in
     return code
 
 
-def _run_child(spec: RankSpec, dist: DistEnv, command: list[str], started: Callable[[], None]) -> _ScriptRun:
+def _run_child(spec: RankSpec, dist: DistEnv, command: list[str]) -> _ScriptRun:
     """Run the script as this process's child while this process hosts the store and the peer
     watch; return once the script has ended."""
     began = time.monotonic()
@@ -101,18 +100,16 @@ def _run_child(spec: RankSpec, dist: DistEnv, command: list[str], started: Calla
         # This process hosts the store, as torchrun's agent does: it outlives the script (module
         # doc of job.rendezvous). The script's clients retry until it is up, so torch loads
         # meanwhile. job.scriptrun runs the script as python would, counting its optimizer steps.
-        child = script_child.start(
-            command[1:],
-            _script_env(spec, dist, steps.name, began),
-            fork=mpi.choose(spec.dist.launcher, os.environ) != "mpi",
+        child = subprocess.Popen(
+            [sys.executable, "-m", "slurmddp.job.script.scriptrun", *command[1:]],
+            env={**os.environ, **_script_env(spec, dist, steps.name, began)},
         )
-        started()
         # From now on a stop signal reaches the script at once, not at the next poll: every rank
         # hears it within the same millisecond (job/process/stop.py agrees on the step).
         signals.install(spec.stop_signals, then=_forward_once(child))
         met = _follow_a_start_hang(child) if spec.dist.start_timeout_s else None
         store = rendezvous.open_store(dist, rendezvous_s(spec.dist.timeout_s, spec.dist.start_timeout_s))
-        watch = peerwatch.start(store, dist, spec, child.kill)
+        watch = peerwatch.start(store, dist, spec, child)
         store.set_timeout(timedelta(seconds=spec.dist.timeout_s))
         if met is not None:
             met.set()
@@ -162,7 +159,7 @@ def _record_failure(run_dir: Path, dist: DistEnv, step: int | None, error: str, 
         dataclasses.replace(mine, exit_status=code).write(run_dir, replace=True)
 
 
-def _forward_once(child: script_child.Started) -> Callable[[int], None]:
+def _forward_once(child: subprocess.Popen[bytes]) -> Callable[[int], None]:
     """Pass the first stop signal on to the script as SIGTERM, the signal torchrun's agent sends
     its workers."""
     forwarded = False
@@ -176,7 +173,7 @@ def _forward_once(child: script_child.Started) -> Callable[[int], None]:
     return forward
 
 
-def _follow_a_start_hang(child: script_child.Started) -> threading.Event:
+def _follow_a_start_hang(child: subprocess.Popen[bytes]) -> threading.Event:
     """Until the event is set (this process met rank 0's at the store), a script whose start-up
     watchdog fired, its record written, ends this process with the same status: else it would wait
     in the store's connect for a rank 0 that may never come, and srun for it."""
@@ -221,7 +218,7 @@ def _steps_before(run_dir: Path, attempt: AttemptId) -> int:
 
 
 def _wait_for_script(
-    child: script_child.Started, dist: DistEnv, run_dir: Path, steps: Path, before: int
+    child: subprocess.Popen[bytes], dist: DistEnv, run_dir: Path, steps: Path, before: int
 ) -> int:
     """The script's exit status; meanwhile rank 0 records as progress the optimizer steps made in
     the run, `before` this attempt's and this attempt's: with an integration, which never makes a
@@ -229,22 +226,22 @@ def _wait_for_script(
     shown_at = 0.0
     first_step_at: float | None = None
     while True:
-        code = child.wait(timeout=0.2)
-        if code is not None:
-            return code
-        if dist.rank == 0 and time.monotonic() - shown_at >= PROGRESS_EVERY_S:
-            shown_at = time.monotonic()
-            step = scriptrun.read_steps(steps)
-            if step is not None:
-                # Seen at most PROGRESS_EVERY_S late: the script's steps are counted by polling.
-                first_step_at = first_step_at or (time.time() if step > 0 else None)
-                Progress(
-                    before + step,
-                    AttemptId.of(dist),
-                    time.time(),
-                    started_step=before,
-                    first_step_at=first_step_at,
-                ).write(run_dir)
+        try:
+            return child.wait(timeout=0.2)
+        except subprocess.TimeoutExpired:
+            if dist.rank == 0 and time.monotonic() - shown_at >= PROGRESS_EVERY_S:
+                shown_at = time.monotonic()
+                step = scriptrun.read_steps(steps)
+                if step is not None:
+                    # Seen at most PROGRESS_EVERY_S late: the script's steps are counted by polling.
+                    first_step_at = first_step_at or (time.time() if step > 0 else None)
+                    Progress(
+                        before + step,
+                        AttemptId.of(dist),
+                        time.time(),
+                        started_step=before,
+                        first_step_at=first_step_at,
+                    ).write(run_dir)
 
 
 def _after(step: int | None) -> str:

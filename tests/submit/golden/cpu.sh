@@ -39,6 +39,7 @@ export SLURMDDP_IN_JOB_RESTART=0
 # slurmddp: each task of the training step stays for the allocation and forks its rank; a restart on
 # the same nodes forks the next attempt's ranks in the same step (requeue.resident_launcher).
 export SLURMDDP_RESIDENT=1
+export SLURMDDP_RESIDENT_IMPORT=torch._dynamo
 # torch reads some of the ranks' variables as it is imported (OMP_NUM_THREADS, TORCH_LOGS,
 # TORCHDYNAMO_*), and each task imports it before it forks its rank.
 export OMP_NUM_THREADS=2
