@@ -139,6 +139,10 @@ def file_digest(path: Path) -> str | None:
         return None
 
 
+# pytest's own fixture for running pytest on files a test writes (tests/test_suite_time.py).
+pytest_plugins = ["pytester"]
+
+
 def pytest_configure(config: pytest.Config) -> None:
     # Before any fixture copies os.environ: what module- and session-scoped fixtures start (the
     # labs, reference runs) writes here too, never into the user's directories.

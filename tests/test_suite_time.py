@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import re
-import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
 
+import pytest
 from conftest import ROOT
 
 
@@ -133,28 +132,26 @@ def test_every_span_the_clock_records_has_a_category() -> None:
     assert set(suite_time.SPAN_CATEGORY.values()) <= set(suite_time.CATEGORIES)
 
 
-def test_a_test_that_changes_directory_does_not_move_the_records(tmp_path: Path) -> None:
+@pytest.mark.process
+def test_a_test_that_changes_directory_does_not_move_the_records(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The clock's folder is relative in scripts/test.sh; a test's monkeypatch.chdir once made
     the next write fail and stopped the whole run (an INTERNALERROR on the worker)."""
-    (tmp_path / "conftest.py").write_text(
+    pytester.makeconftest(
         "import suite_clock\n\ndef pytest_configure(config):\n    suite_clock.start(config)\n"
     )
-    (tmp_path / "test_moves.py").write_text(
-        "def test_moves(monkeypatch, tmp_path):\n    monkeypatch.chdir(tmp_path)\n\n"
+    pytester.makepyfile(
+        test_moves="def test_moves(monkeypatch, tmp_path):\n    monkeypatch.chdir(tmp_path)\n\n"
         "def test_after():\n    pass\n"
     )
-    env = {**os.environ, "SLURMDDP_SUITE_TIMES": "records", "PYTHONPATH": str(ROOT / "tests")}
-    env.pop("PYTEST_XDIST_WORKER", None)
-    done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:randomly"],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
-    tests = {
-        r["test"] for r in map(json.loads, (tmp_path / "records" / "main.jsonl").read_text().splitlines())
+    monkeypatch.setenv("SLURMDDP_SUITE_TIMES", "records")
+    monkeypatch.setenv("PYTHONPATH", str(ROOT / "tests"))
+    monkeypatch.delenv("PYTEST_XDIST_WORKER", raising=False)
+    result = pytester.runpytest_subprocess("-p", "no:randomly", timeout=120)
+    result.assert_outcomes(passed=2)
+    records = (pytester.path / "records" / "main.jsonl").read_text().splitlines()
+    assert {r["test"] for r in map(json.loads, records)} == {
+        "test_moves.py::test_moves",
+        "test_moves.py::test_after",
     }
-    assert tests == {"test_moves.py::test_moves", "test_moves.py::test_after"}
