@@ -40,6 +40,33 @@ _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 WandbMode = Literal["offline", "online"]
 
+OWNED_SBATCH: dict[str, str] = {
+    "array": "a `sweep:` section (sweep.max_parallel for sbatch's %N): each element gets its own run directory",
+    "nodes": "resources.nodes",
+    "ntasks": "resources.nodes and resources.tasks_per_node (one task a rank)",
+    "ntasks-per-node": "resources.tasks_per_node",
+    "gpus-per-node": "resources.gpus_per_node",
+    "gpus-per-task": "resources.gpus_per_node with resources.gpu_binding=task",
+    "cpus-per-task": "resources.cpus_per_task",
+    "mem": "resources.mem_gb",
+    "time": "resources.time",
+    "partition": "resources.partition",
+    "account": "resources.account",
+    "qos": "resources.qos",
+    "constraint": "resources.constraint",
+    "exclude": "resources.exclude",
+    "comment": "resources.comment",
+    "job-name": "name",
+    "signal": "requeue.signal and requeue.signal_lead_s",
+    "requeue": "requeue.max_preemptions, max_timeouts and max_failures (0 never requeues)",
+    "no-requeue": "requeue.max_preemptions, max_timeouts and max_failures (0 never requeues)",
+    "output": "nothing: the ranks' logs are in RUN_DIR/logs (python -m slurmddp logs RUN)",
+    "error": "nothing: the ranks' logs are in RUN_DIR/logs (python -m slurmddp logs RUN)",
+}
+"""sbatch options slurmddp sets itself, and what to write instead: given in resources.sbatch they
+would replace slurmddp's own (--signal: no stop before the time limit; --array: clashing copies of
+one run in one run directory)."""
+
 
 def _one_line(key: str, value: str | None) -> None:
     if value is not None and _CONTROL_CHARS.search(value):
@@ -150,7 +177,9 @@ class Resources:
     comment: str | None = None
     """Free text kept with the job (sbatch --comment)."""
     sbatch: dict[str, Any] = field(default_factory=dict)
-    """Any other sbatch option, as {long-option-name: value}; `true` for a flag."""
+    """Any other sbatch option, as {long-option-name: value}; `true` for a flag. The options
+    slurmddp sets itself (array, nodes, ntasks, time, mem, signal, requeue, output, job-name, ...)
+    are refused, naming the key to write instead."""
     setup: list[str] = field(default_factory=list)
     """Shell lines run by the batch script before the ranks start (module load, source venv, ...)."""
 
@@ -177,6 +206,10 @@ class Resources:
             if not _SBATCH_KEY.match(key):
                 raise ConfigError(
                     f"resources.sbatch: {key!r} is not an sbatch long option name (like 'mail-type')"
+                )
+            if key in OWNED_SBATCH:
+                raise ConfigError(
+                    f"resources.sbatch.{key}: slurmddp sets --{key} itself; write {OWNED_SBATCH[key]}"
                 )
             _one_line(f"resources.sbatch.{key}", str(value))
 

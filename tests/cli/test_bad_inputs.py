@@ -99,7 +99,7 @@ BAD_VALUES: dict[str, tuple[str, ...]] = {
     "resources.constraint": (NEWLINE,),
     "resources.exclude": (NEWLINE,),
     "resources.comment": (NEWLINE,),
-    "resources.sbatch": ("{BAD_KEY: 1}", f"{{mail-type: {NEWLINE}}}"),
+    "resources.sbatch": ("{BAD_KEY: 1}", f"{{mail-type: {NEWLINE}}}", "{array: 0-3}", "{signal: USR1@60}"),
     "dist.port": ("80", "70000"),
     "dist.timeout_s": ("0",),
     "dist.srun_mpi": (NEWLINE,),

@@ -157,6 +157,32 @@ def test_bad_sbatch_option_name(tmp_path: Path) -> None:
     assert "sbatch long option" in error(write(tmp_path, BASE), ["resources.sbatch={'--x; rm': 1}"])
 
 
+@pytest.mark.parametrize(
+    ("option", "instead"),
+    [
+        ("array=0-3", "a `sweep:` section"),
+        ("nodes=4", "resources.nodes"),
+        ("ntasks-per-node=8", "resources.tasks_per_node"),
+        ("time=10", "resources.time"),
+        ("mem=4G", "resources.mem_gb"),
+        ("signal=USR1@60", "requeue.signal"),
+        ("requeue=false", "requeue.max_preemptions"),
+        ("no-requeue=true", "requeue.max_preemptions"),
+        ("output=job.out", "RUN_DIR/logs"),
+        ("job-name=x", "name"),
+    ],
+)
+def test_an_sbatch_option_slurmddp_sets_is_refused_naming_the_key_to_write(
+    tmp_path: Path, option: str, instead: str
+) -> None:
+    """Passed through, it would replace slurmddp's own: --signal (no stop before the time limit),
+    --array (clashing copies of one run in one run directory), --no-requeue (no resume)."""
+    key = option.split("=")[0]
+    said = error(write(tmp_path, BASE), [f"resources.sbatch.{option}"])
+    assert said.startswith(f"override 'resources.sbatch.{option}': slurmddp sets --{key} itself; write "), said
+    assert instead in said.split("; write ", 1)[1], said
+
+
 def test_both_or_no_entrypoint(tmp_path: Path) -> None:
     assert "exactly one" in error(write(tmp_path, "resources:\n  nodes: 1\n"))
     both = BASE.replace("entrypoint: pkg.train:main\n", "entrypoint:\n  function: a:b\n  script: x.py\n")
