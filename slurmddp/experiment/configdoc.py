@@ -26,9 +26,10 @@ here), by `{REGENERATE}` -->
 
 An experiment is one YAML file. Layers, later winning: built-in defaults < cluster profile
 (`profile:`) < the experiment file < `key=value` overrides on the command line. A bare override
-key (`lr=0.1`) means `train.lr` when the experiment's `train:` has it. Relative entrypoint paths
-are looked up from the submit directory, then from the experiment file's. A sweep (`sweep:`) is
-described in [runs.md](runs.md#sweeps).
+key (`lr=0.1`) means `train.lr` when the experiment's `train:` has it. An override of a `train:`
+key the file sets to a number or a flag takes its type (`lr=1` is 1.0; `epochs=3.5` is refused).
+Relative entrypoint paths are looked up from the submit directory, then from the experiment file's.
+A sweep (`sweep:`) is described in [runs.md](runs.md#sweeps).
 
 Every value that reaches the batch script is quoted (submitit's `shlex.quote`) and one line (a
 newline in a Slurm value is refused: sbatch would run the rest of the line as shell code); the

@@ -374,6 +374,8 @@ def _parse_override(text: str, exp_layer: dict[str, Any]) -> dict[str, Any]:
         value = yamlio.load(raw) if raw.strip() else raw
     except yaml.YAMLError as exc:
         raise ConfigError(f"override {text!r}: the value is not valid YAML: {exc}") from None
+    if key.startswith("train."):
+        value = _typed_as_the_file(text, key, value, exp_layer.get("train"))
     layer: dict[str, Any] = {}
     node = layer
     *parents, last = key.split(".")
@@ -381,6 +383,41 @@ def _parse_override(text: str, exp_layer: dict[str, Any]) -> dict[str, Any]:
         node = node.setdefault(part, {})
     node[last] = value
     return _normalize(layer)
+
+
+def _typed_as_the_file(text: str, key: str, value: Any, train: Any) -> Any:
+    """An override of a train: key the experiment file gives a number or a flag takes that type
+    (an int where it has a float: `lr=1` is 1.0); a value of another type is refused here, not
+    at the first `<` in the job. A comma list is Hydra's multirun form, answered with the sweep."""
+    existing = train
+    for part in key.split(".")[1:]:
+        if not isinstance(existing, dict) or part not in existing:
+            return value
+        existing = existing[part]
+    if value is None:
+        return value
+    if isinstance(existing, bool):
+        fits = isinstance(value, bool)
+    elif isinstance(existing, int):
+        fits = isinstance(value, int) and not isinstance(value, bool)
+    elif isinstance(existing, float):
+        fits = isinstance(value, (int, float)) and not isinstance(value, bool)
+        value = float(value) if fits else value
+    else:
+        return value
+    if fits:
+        return value
+    name = key.removeprefix("train.")
+    if isinstance(value, str) and "," in value:
+        items = ", ".join(item.strip() for item in value.split(","))
+        raise ConfigError(
+            f"override {text!r}: a comma list is Hydra's multirun; slurmddp sweeps with a sweep: "
+            f"section in the experiment file, one Slurm array: `sweep: {{grid: {{{name}: [{items}]}}}}`"
+        )
+    kind = {bool: "true or false", int: "an integer", float: "a number"}[type(existing)]
+    raise ConfigError(
+        f"override {text!r}: train.{name} is {json.dumps(existing)} in the experiment; give {kind}"
+    )
 
 
 def _merge(base: DictConfig, layer: dict[str, Any], where: str) -> DictConfig:

@@ -41,7 +41,7 @@ _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 WandbMode = Literal["offline", "online"]
 
 OWNED_SBATCH: dict[str, str] = {
-    "array": "a `sweep:` section (sweep.max_parallel for sbatch's %N): each element gets its own run directory",
+    "array": "a `sweep:` section (sweep.max_parallel for sbatch's %N): each element gets a run directory",
     "nodes": "resources.nodes",
     "ntasks": "resources.nodes and resources.tasks_per_node (one task a rank)",
     "ntasks-per-node": "resources.tasks_per_node",

@@ -55,6 +55,50 @@ def test_float_exponent_is_a_number(tmp_path: Path) -> None:
     assert load_experiment(write(tmp_path, BASE), ["lr=1e-3"]).experiment.train["lr"] == 0.001
 
 
+TYPED = """\
+entrypoint: pkg.train:main
+train:
+  lr: 0.1
+  epochs: 8
+  amp: false
+  dtype: float32
+  opt: {momentum: 0.9}
+"""
+
+
+@pytest.mark.parametrize(
+    ("override", "said"),
+    [
+        ("lr=abc", "override 'train.lr=abc': train.lr is 0.1 in the experiment; give a number"),
+        ("epochs=3.5", "override 'train.epochs=3.5': train.epochs is 8 in the experiment; give an integer"),
+        ("amp=1", "override 'train.amp=1': train.amp is false in the experiment; give true or false"),
+        ("train.opt.momentum=[1]", "train.opt.momentum is 0.9 in the experiment; give a number"),
+    ],
+)
+def test_a_train_override_of_another_type_than_the_files_is_refused(
+    tmp_path: Path, override: str, said: str
+) -> None:
+    """Taken as given, `lr=abc` ran and failed in the job at its first `<` (a wasted allocation)."""
+    assert error(write(tmp_path, TYPED), [override]).endswith(said)
+
+
+def test_a_train_override_takes_the_files_type_where_it_fits(tmp_path: Path) -> None:
+    overrides = ["lr=1", "epochs=3", "amp=true", "dtype=7", "train.opt.momentum=null", "train.new=1.5"]
+    train = load_experiment(write(tmp_path, TYPED), overrides).experiment.train
+    assert train == {"lr": 1.0, "epochs": 3, "amp": True, "dtype": 7, "opt": {"momentum": None}, "new": 1.5}
+    assert isinstance(train["lr"], float)
+
+
+@pytest.mark.parametrize(
+    ("override", "grid"), [("lr=0.01,0.1", "lr: [0.01, 0.1]"), ("epochs=2,4", "epochs: [2, 4]")]
+)
+def test_hydras_comma_multirun_is_answered_with_the_sweep_to_write(
+    tmp_path: Path, override: str, grid: str
+) -> None:
+    said = error(write(tmp_path, TYPED), [override])
+    assert "a comma list is Hydra's multirun" in said and f"`sweep: {{grid: {{{grid}}}}}`" in said, said
+
+
 def test_profile_layers_under_the_experiment(tmp_path: Path) -> None:
     write(tmp_path, "resources:\n  partition: gpu\n  account: lab\n  nodes: 8\n", "configs/mycluster.yaml")
     exp = load_experiment(write(tmp_path, BASE + "profile: mycluster\n")).experiment
@@ -179,7 +223,8 @@ def test_an_sbatch_option_slurmddp_sets_is_refused_naming_the_key_to_write(
     --array (clashing copies of one run in one run directory), --no-requeue (no resume)."""
     key = option.split("=")[0]
     said = error(write(tmp_path, BASE), [f"resources.sbatch.{option}"])
-    assert said.startswith(f"override 'resources.sbatch.{option}': slurmddp sets --{key} itself; write "), said
+    refused = f"override 'resources.sbatch.{option}': slurmddp sets --{key} itself; write "
+    assert said.startswith(refused), said
     assert instead in said.split("; write ", 1)[1], said
 
 
