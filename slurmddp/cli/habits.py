@@ -5,19 +5,19 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from slurmddp.experiment.schema import SBATCH_KEYS
+
 FLAG_KEYS: dict[str, str] = {
-    **dict.fromkeys(("--nodes", "-N", "--nnodes"), "resources.nodes"),
-    **dict.fromkeys(
-        ("--ntasks-per-node", "--nproc_per_node", "--nproc-per-node"), "resources.tasks_per_node"
-    ),
-    "--gpus-per-node": "resources.gpus_per_node",
-    **dict.fromkeys(("--time", "-t"), "resources.time"),
-    **dict.fromkeys(("--partition", "-p"), "resources.partition"),
-    **dict.fromkeys(("--account", "-A"), "resources.account"),
-    **dict.fromkeys(("--qos", "-q"), "resources.qos"),
-    **dict.fromkeys(("--constraint", "-C"), "resources.constraint"),
-    **dict.fromkeys(("--exclude", "-x"), "resources.exclude"),
-    **dict.fromkeys(("--cpus-per-task", "-c"), "resources.cpus_per_task"),
+    **{f"--{option}": key for option, key in SBATCH_KEYS.items()},
+    **dict.fromkeys(("-N", "--nnodes"), "resources.nodes"),
+    **dict.fromkeys(("--nproc_per_node", "--nproc-per-node"), "resources.tasks_per_node"),
+    "-t": "resources.time",
+    "-p": "resources.partition",
+    "-A": "resources.account",
+    "-q": "resources.qos",
+    "-C": "resources.constraint",
+    "-x": "resources.exclude",
+    "-c": "resources.cpus_per_task",
 }
 """sbatch's and torchrun's flags for what an experiment sets under resources:."""
 

@@ -40,28 +40,35 @@ _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 WandbMode = Literal["offline", "online"]
 
-OWNED_SBATCH: dict[str, str] = {
-    "array": "a `sweep:` section (sweep.max_parallel for sbatch's %N): each element gets a run directory",
+SBATCH_KEYS: dict[str, str] = {
     "nodes": "resources.nodes",
-    "ntasks": "resources.nodes and resources.tasks_per_node (one task a rank)",
     "ntasks-per-node": "resources.tasks_per_node",
     "gpus-per-node": "resources.gpus_per_node",
-    "gpus-per-task": "resources.gpus_per_node with resources.gpu_binding=task",
     "cpus-per-task": "resources.cpus_per_task",
-    "mem": "resources.mem_gb",
     "time": "resources.time",
     "partition": "resources.partition",
     "account": "resources.account",
     "qos": "resources.qos",
     "constraint": "resources.constraint",
     "exclude": "resources.exclude",
+}
+"""sbatch's long options that one experiment key sets, with the same value."""
+
+_LOGS = "nothing: the ranks' logs are in RUN_DIR/logs (python -m slurmddp logs RUN)"
+_REQUEUES = "requeue.max_preemptions, max_timeouts and max_failures (0 never requeues)"
+OWNED_SBATCH: dict[str, str] = {
+    **SBATCH_KEYS,
+    "array": "a `sweep:` section (sweep.max_parallel for sbatch's %N): each element gets a run directory",
+    "ntasks": "resources.nodes and resources.tasks_per_node (one task a rank)",
+    "gpus-per-task": "resources.gpus_per_node with resources.gpu_binding=task",
+    "mem": "resources.mem_gb",
     "comment": "resources.comment",
     "job-name": "name",
     "signal": "requeue.signal and requeue.signal_lead_s",
-    "requeue": "requeue.max_preemptions, max_timeouts and max_failures (0 never requeues)",
-    "no-requeue": "requeue.max_preemptions, max_timeouts and max_failures (0 never requeues)",
-    "output": "nothing: the ranks' logs are in RUN_DIR/logs (python -m slurmddp logs RUN)",
-    "error": "nothing: the ranks' logs are in RUN_DIR/logs (python -m slurmddp logs RUN)",
+    "requeue": _REQUEUES,
+    "no-requeue": _REQUEUES,
+    "output": _LOGS,
+    "error": _LOGS,
 }
 """sbatch options slurmddp sets itself, and what to write instead: given in resources.sbatch they
 would replace slurmddp's own (--signal: no stop before the time limit; --array: clashing copies of
