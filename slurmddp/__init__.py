@@ -21,6 +21,7 @@ The package follows the flow of a submission; each sub-package is one side of it
                  and the one module that runs Slurm's commands
     cli/         argument parsing and entry points, one module per group of commands
     integrations/ what a training script imports to be preemption-safe under its framework
+    search/      a `search:` sweep's Optuna study and each element's trial (asked, reported, told)
     rundir/      the run directory: its file names and one typed record per file
     errors, files, yamlio, defaults: leaf helpers
 
@@ -31,7 +32,9 @@ Import rules (tests/test_architecture.py enforces them, imports inside functions
   script, launch, in that order);
 - `job` never imports `submit`, `manage`, `cli` or `integrations`: a rank must not pull in
   login-node code, nor a framework;
-- `integrations` imports only `experiment` and `job`;
+- `search` imports only `experiment` and `rundir`; `job`, `submit`, `manage`, `cli` and
+  `integrations` may import it;
+- `integrations` imports only `experiment`, `job`, `rundir` and `search`;
 - `submit` takes only the small picklable spec from `job` (`job.spec` and `job.rank`, its callable);
 - nothing imports `cli` (only `__main__` does), and `manage` never imports `cli`;
 - no cycles, between modules or between sub-packages.

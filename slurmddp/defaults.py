@@ -13,7 +13,7 @@ Launcher = Literal["auto", "slurm", "mpi"]
 Backend = Literal["auto", "nccl", "gloo"]
 GpuBinding = Literal["node", "task"]
 StopSignal = Literal["USR1", "USR2", "TERM", "INT", "HUP"]
-EndReason = Literal["completed", "preemption", "timeout", "failure", "killed", "cancelled"]
+EndReason = Literal["completed", "pruned", "preemption", "timeout", "failure", "killed", "cancelled"]
 """Why an attempt ended, as attempts.jsonl records it."""
 RequeueReason = Literal["preemption", "timeout", "failure"]
 """The reasons with a requeue budget."""

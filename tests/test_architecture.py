@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "slurmddp"
-SIDES = ("experiment", "submit", "job", "manage", "cluster", "cli", "integrations", "rundir")
+SIDES = ("experiment", "submit", "job", "manage", "cluster", "cli", "integrations", "rundir", "search")
 LEAVES = ("errors", "files", "yamlio", "defaults")
 # The sides each side may import (besides itself and the leaf helpers).
 ALLOWED = {
@@ -22,13 +22,16 @@ ALLOWED = {
     "rundir": set(),
     "cluster": set(),
     "experiment": {"cluster"},
-    "job": {"cluster", "experiment", "rundir"},
-    "submit": {"cluster", "experiment", "job", "rundir"},
-    "manage": {"cluster", "experiment", "job", "submit", "rundir"},
-    "cli": {"cluster", "experiment", "job", "submit", "manage", "rundir"},
+    # A search's Optuna study: made at submit, asked and told by the batch script, reported to by
+    # rank 0 and read by status, so below all of them.
+    "search": {"experiment", "rundir"},
+    "job": {"cluster", "experiment", "rundir", "search"},
+    "submit": {"cluster", "experiment", "job", "rundir", "search"},
+    "manage": {"cluster", "experiment", "job", "submit", "rundir", "search"},
+    "cli": {"cluster", "experiment", "job", "submit", "manage", "rundir", "search"},
     # What a training script imports to be preemption-safe under its framework: it runs in the
     # script's process, beside the job side's stop (job/process/stop.py), and never on a login node.
-    "integrations": {"experiment", "job", "rundir"},
+    "integrations": {"experiment", "job", "rundir", "search"},
 }
 ROOMS = ("allocation", "checkpoint", "process", "train", "script", "launch")
 """job/'s rooms, bottom first (slurmddp/job/__init__.py): each imports only those before it."""

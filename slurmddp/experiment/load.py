@@ -29,6 +29,7 @@ from slurmddp import yamlio
 from slurmddp.errors import ConfigError
 from slurmddp.experiment import sweep as sweeps
 from slurmddp.experiment.schema import Experiment, not_one_of
+from slurmddp.experiment.search import element_dir as search_element_dir
 
 PROFILE_PATH_ENV = "SLURMDDP_PROFILE_PATH"
 
@@ -172,7 +173,10 @@ def expand(loaded: Loaded) -> list[SweepElement]:
         finally:
             for key, previous in reversed(undo):
                 _restore(base, key, previous)
-        name = sweeps.element_dir(index, overrides, len(elements))
+        if loaded.sweep.search is not None:
+            name = search_element_dir(index, len(elements))
+        else:
+            name = sweeps.element_dir(index, overrides, len(elements))
         text = override_texts(overrides)
         element_loaded = Loaded(experiment, resolved, loaded.source, (*loaded.overrides, *text))
         out.append(SweepElement(index, dict(overrides), name, element_loaded))
@@ -249,7 +253,7 @@ def _override_sweep(section: Any, text: str, source: Path) -> Any:
     if key == "sweep":
         return value
     if not isinstance(section, dict):
-        raise ConfigError(f"{source}: sweep: must be a mapping with one of grid, list or random")
+        raise ConfigError(f"{source}: sweep: must be a mapping with one of grid, list, random or search")
     node = section = dict(section)
     *parents, last = key.split(".")[1:]
     for part in parents:

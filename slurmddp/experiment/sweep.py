@@ -8,12 +8,16 @@
         seed: 0
         params: {lr: {log_uniform: [1.0e-4, 0.1]}, width: {choice: [256, 512]},
                  dropout: {uniform: [0, 0.5]}, layers: {int: [2, 8]}}
+      search:                                               # Optuna: trials that learn (search.py)
+        trials: 12
+        params: {lr: {log_uniform: [1.0e-4, 0.1]}, width: "choice(256, 512)"}
       max_parallel: 4          # elements running at once (Slurm's %N); default: no limit
-      metric: loss             # what status and results show and sort by
+      metric: loss             # what status and results show and sort by (a search optimizes it)
       mode: min
 
-Exactly one of grid, list and random. Pure: keys are normalized and checked here against the
-experiment's `train:` keys; the elements' full configs are validated by config.load_sweep.
+Exactly one of grid, list, random and search; a parameter's values are written as space.py says.
+Pure: keys are normalized and checked here against the experiment's `train:` keys; the
+elements' full configs are validated by config.load_sweep.
 """
 
 from __future__ import annotations
@@ -22,16 +26,16 @@ import difflib
 import hashlib
 import itertools
 import json
-import math
 import random
 from dataclasses import dataclass, field
 from typing import Any
 
 from slurmddp.errors import ConfigError
+from slurmddp.experiment import search as searches
+from slurmddp.experiment import space
 
-KINDS = ("grid", "list", "random")
+KINDS = ("grid", "list", "random", "search")
 SETTINGS = ("max_parallel", "metric", "mode")
-DISTRIBUTIONS = ("choice", "uniform", "log_uniform", "int")
 # What one array shares: a single batch script (resources, time, signal, srun's MPI plugin, the
 # folder of the in-memory snapshots it removes at the end) and a single job name and output
 # directory. Everything else travels per element in its pickle and config.yaml.
@@ -63,38 +67,71 @@ class Spec:
     mode: str = "min"
     keys: tuple[str, ...] = field(default=())
     """The keys that vary, in the order the user wrote them."""
+    search: searches.Search | None = None
+    """A `search:` sweep's settings; its elements are then empty: each trial's parameters are
+    chosen when it starts."""
 
 
 def parse(section: Any, sections: tuple[str, ...], train: dict[str, Any]) -> Spec:
     """Parse the `sweep:` mapping; `sections` are the experiment's top-level keys and `train` its
     train section, used to resolve bare keys (`lr` -> `train.lr`) as overrides do."""
     if not isinstance(section, dict):
-        raise ConfigError("sweep: must be a mapping with one of grid, list or random")
+        raise ConfigError("sweep: must be a mapping with one of grid, list, random or search")
     unknown = [key for key in section if key not in (*KINDS, *SETTINGS)]
     if unknown:
-        near = difflib.get_close_matches(str(unknown[0]), [*KINDS, *SETTINGS], n=1)
-        hint = f" (did you mean {near[0]!r}?)" if near else ""
-        raise ConfigError(f"sweep: unknown key {unknown[0]!r}{hint}; known: {', '.join((*KINDS, *SETTINGS))}")
+        raise ConfigError(_unknown(unknown[0]))
     kinds = [kind for kind in KINDS if kind in section]
     if len(kinds) != 1:
         found = " and ".join(kinds) if kinds else "none"
-        raise ConfigError(f"sweep: give exactly one of grid, list or random (found {found})")
+        raise ConfigError(f"sweep: give exactly one of grid, list, random or search (found {found})")
     kind = kinds[0]
     body = section[kind]
+    search = None
     if kind == "grid":
         elements = _grid(body, sections, train)
     elif kind == "list":
         elements = _list(body, sections, train)
-    else:
+    elif kind == "random":
         elements = _random(body, sections, train)
+    else:
+        search = searches.parse(body, train, lambda key, where: full_key(key, sections, train, where))
+        _needs_objective(section)
+        elements = [{} for _ in range(search.trials)]
     return Spec(
         kind=kind,
         elements=tuple(elements),
         max_parallel=_max_parallel(section.get("max_parallel")),
         metric=_metric(section.get("metric")),
         mode=_mode(section.get("mode", "min")),
-        keys=tuple(dict.fromkeys(key for element in elements for key in element)),
+        keys=tuple(dict.fromkeys(key for element in elements for key in element))
+        if search is None
+        else tuple(p.key for p in search.params),
+        search=search,
     )
+
+
+def _unknown(key: Any) -> str:
+    if key == "method":
+        # W&B's sweep configuration (method: grid | random | bayes).
+        return (
+            "sweep: 'method' is W&B's; here the kind is the key: grid, list, random, or, for "
+            "Bayesian optimization (TPE) with pruning, `search: {trials: 12, sampler: tpe, params: "
+            "{lr: {log_uniform: [1.0e-4, 0.1]}}}` beside `metric:` and `mode:`"
+        )
+    near = difflib.get_close_matches(str(key), [*KINDS, *SETTINGS], n=1)
+    hint = f" (did you mean {near[0]!r}?)" if near else ""
+    return f"sweep: unknown key {key!r}{hint}; known: {', '.join((*KINDS, *SETTINGS))}"
+
+
+def _needs_objective(section: dict[str, Any]) -> None:
+    """A search optimizes one logged value in one direction: neither has a default."""
+    for key, example in (("metric", "metric: val_loss"), ("mode", "mode: min")):
+        if section.get(key) is None:
+            raise ConfigError(
+                f"sweep.{key}: a search needs it: the value the run logs (ctx.log) that the sampler "
+                f"optimizes and the pruner is fed, and whether less or more is better; write "
+                f"`{example}` beside search:"
+            )
 
 
 def full_key(key: Any, sections: tuple[str, ...], train: dict[str, Any], where: str) -> str:
@@ -175,40 +212,9 @@ def _random(body: Any, sections: tuple[str, ...], train: dict[str, Any]) -> list
     if not isinstance(seed, int) or isinstance(seed, bool):
         raise ConfigError(f"sweep.random.seed: must be an integer, got {seed!r}")
     params = _normalize(body.get("params"), sections, train, "sweep.random.params")
-    samplers = {key: _distribution(key, spec) for key, spec in params.items()}
+    drawn = [space.parse(key, spec, f"sweep.random.params.{key}") for key, spec in params.items()]
     rng = random.Random(seed)
-    return [{key: sample(rng) for key, sample in samplers.items()} for _ in range(trials)]
-
-
-def _distribution(key: str, spec: Any) -> Any:
-    where = f"sweep.random.params.{key}"
-    if not isinstance(spec, dict) or len(spec) != 1 or next(iter(spec)) not in DISTRIBUTIONS:
-        raise ConfigError(
-            f"{where}: must be one of {{choice: [a, b, ...]}}, {{uniform: [low, high]}}, "
-            f"{{log_uniform: [low, high]}}, {{int: [low, high]}}; got {spec!r}"
-        )
-    name, args = next(iter(spec.items()))
-    if name == "choice":
-        if not isinstance(args, list) or not args:
-            raise ConfigError(f"{where}.choice: needs a non-empty list of values")
-        return lambda rng: args[rng.randrange(len(args))]
-    if not (
-        isinstance(args, list)
-        and len(args) == 2
-        and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in args)
-        and args[0] < args[1]
-    ):
-        raise ConfigError(f"{where}.{name}: needs [low, high] with low < high, got {args!r}")
-    low, high = args
-    if name == "int":
-        if not all(isinstance(v, int) for v in args):
-            raise ConfigError(f"{where}.int: bounds must be integers, got {args!r}")
-        return lambda rng: rng.randint(low, high)
-    if name == "log_uniform":
-        if low <= 0:
-            raise ConfigError(f"{where}.log_uniform: bounds must be > 0, got {args!r}")
-        return lambda rng: math.exp(rng.uniform(math.log(low), math.log(high)))
-    return lambda rng: rng.uniform(low, high)
+    return [{param.key: param.sample(rng) for param in drawn} for _ in range(trials)]
 
 
 def _max_parallel(value: Any) -> int | None:

@@ -49,6 +49,8 @@ RunState = Literal[JobState, "UNSUBMITTED"]
 # How the reason of a run's final attempt record reads as a state (sacct's spelling).
 FINAL_STATES: dict[EndReason, JobState] = {
     "completed": "COMPLETED",
+    # A search's trial the pruner stopped: its job ended as it should (status shows the trial's state).
+    "pruned": "COMPLETED",
     "cancelled": "CANCELLED",
     "failure": "FAILED",
     "timeout": "TIMEOUT",

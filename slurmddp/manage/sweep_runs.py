@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import shlex
 import time
 from collections.abc import Sequence
@@ -17,6 +18,9 @@ from slurmddp.manage.display import print_block
 from slurmddp.manage.follow import FINAL_OK, follow
 from slurmddp.manage.outcome import COMMAND
 from slurmddp.rundir.manifest import SweepManifest
+from slurmddp.rundir.trial import TrialRecord
+from slurmddp.search import trial
+from slurmddp.search.study import StudyRef
 from slurmddp.submit import submitter
 from slurmddp.submit.plan import SubmissionPlan
 from slurmddp.submit.prepare import plan_for
@@ -51,11 +55,27 @@ def run_each(
     directory under `run_dir`, followed to its end; how many did not complete."""
     failed = 0
     for element, label in labelled:
+        asked = None
+        if manifest.search is not None:
+            element, asked = with_trial(run_dir, element)
+            label = f"trial {asked.number}: {describe(element.overrides)}"
         element_plan = plan_for(element.loaded, executor="local", run_dir=run_dir / element.dir_name)
-        sub = submitter.submit(element_plan, element.loaded, argv)
+        sub = submitter.submit(element_plan, element.loaded, argv, trial=asked)
         manifest = record(run_dir, manifest, element, label, sub, out)
         failed += follow(sub, out) != FINAL_OK
     return failed
+
+
+def with_trial(sweep_dir: Path, element: SweepElement) -> tuple[SweepElement, TrialRecord]:
+    """A search's element run here: its trial asked before it starts, its config with the trial's
+    values (on Slurm the element's batch script asks, and its ranks add the values)."""
+    ref = StudyRef.of_sweep(sweep_dir)
+    assert ref is not None
+    record = trial.ask(ref, sweep_dir / element.dir_name, element.index)
+    resolved = trial.applied_to(element.loaded.resolved, record)
+    experiment = dataclasses.replace(element.loaded.experiment, train=resolved["train"])
+    loaded = dataclasses.replace(element.loaded, experiment=experiment, resolved=resolved)
+    return dataclasses.replace(element, overrides=record.params, loaded=loaded), record
 
 
 def record(

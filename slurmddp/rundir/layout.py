@@ -34,6 +34,8 @@ SKIPPED_SAVES = "skipped_checkpoints.json"
 SLOW_NODE = "slow_node.json"
 """Rank 0: the node found computing slower than the others (job/train/stragglers.py), or none."""
 RESULT = "result.json"
+TRIAL = "trial.json"
+"""A `search:` sweep's element: the Optuna trial it runs, asked once, when it first started."""
 METRICS = "metrics.jsonl"
 """Rank 0: every `ctx.log` record, one JSON object a line; a resumed attempt drops the records of
 steps past its checkpoint first, so the file reads as one uninterrupted run."""

@@ -235,6 +235,10 @@ class SweepManifest(Submitted):
     submissions: list[SweepSubmission] = field(default_factory=list)
     study: StudySettings | None = None
     """A scaling study's settings; None for a sweep."""
+    search: dict[str, Any] | None = None
+    """A `search:` sweep's settings: experiment/search.py's `Search.to_json()`, with `study` (the
+    Optuna study's name) and `storage` (its URL, or the journal file's absolute path) resolved at
+    submit; None for other sweeps."""
 
     def with_submission(self, submission: SweepSubmission) -> SweepManifest:
         return dataclasses.replace(self, submissions=[*self.submissions, submission])
@@ -258,10 +262,12 @@ class SweepManifest(Submitted):
             elements=[ElementEntry.from_json(e) for e in data.get("elements", ())],
             submissions=[SweepSubmission.from_json(s) for s in data.get("submissions", ())],
             study=StudySettings.from_json(data.get("study")),
+            search=data.get("search"),
         )
 
     def to_json(self) -> dict[str, Any]:
         study = {} if self.study is None else {"study": vars(self.study)}
+        search = {} if self.search is None else {"search": self.search}
         return {
             **self._submitted_json(),
             "kind": "sweep",
@@ -272,6 +278,7 @@ class SweepManifest(Submitted):
             "elements": [e.to_json() for e in self.elements],
             "submissions": [s.to_json() for s in self.submissions],
             **study,
+            **search,
         }
 
     @classmethod

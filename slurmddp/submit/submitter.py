@@ -34,6 +34,9 @@ from slurmddp.rundir.manifest import (
     SweepSubmission,
     submitted_fields,
 )
+from slurmddp.rundir.trial import TrialRecord
+from slurmddp.search import study as studies
+from slurmddp.search.study import StudyRef
 from slurmddp.submit.plan import SubmissionPlan
 
 
@@ -116,13 +119,18 @@ def discard(run_dir: Path, created: list[Path]) -> None:
     remove_dirs(created)
 
 
-def submit(plan: SubmissionPlan, loaded: Loaded, argv: list[str]) -> Submission:
-    """Create the run directory, submit, record the manifest; on refusal leave nothing behind."""
+def submit(
+    plan: SubmissionPlan, loaded: Loaded, argv: list[str], trial: TrialRecord | None = None
+) -> Submission:
+    """Create the run directory, submit, record the manifest; on refusal leave nothing behind.
+    `trial`: the search's trial the run is, recorded before its ranks start."""
     created = make_run_dir(plan.run_dir, loaded.experiment, plan.folder)
     try:
         if plan.executor == "slurm":
             check_schedulable(plan)
         write_config(plan.run_dir, loaded.resolved)
+        if trial is not None:
+            trial.write(plan.run_dir)
         executor = _executor(plan)
         stderr = io.StringIO()
         # submitit prints sbatch's stderr itself before raising; it is shown once, in our error.
@@ -201,16 +209,25 @@ def submit_sweep(plan: SubmissionPlan, loaded: Loaded, elements: list[SweepEleme
 def sweep_manifest(
     plan: SubmissionPlan, loaded: Loaded, elements: list[SweepElement], argv: list[str]
 ) -> SweepManifest:
-    """SWEEP_DIR/sweep.json's content before any submission; writes the base config beside it."""
-    assert loaded.sweep is not None
+    """SWEEP_DIR/sweep.json's content before any submission; writes the base config beside it,
+    and makes a search's study (a storage, sampler or pruner Optuna refuses stops it here)."""
+    sweep = loaded.sweep
+    assert sweep is not None
     write_config(plan.run_dir, loaded.resolved)
+    search = None
+    if sweep.search is not None:
+        assert sweep.metric is not None
+        ref = StudyRef.of(sweep.search, plan.run_dir, plan.job_name, sweep.metric, sweep.mode)
+        studies.create(ref)
+        search = ref.to_manifest()
     return SweepManifest(
         **submitted_fields(_described(plan, loaded, argv)),
-        max_parallel=loaded.sweep.max_parallel,
-        metric=loaded.sweep.metric,
-        mode=loaded.sweep.mode,
-        keys=list(loaded.sweep.keys),
+        max_parallel=sweep.max_parallel,
+        metric=sweep.metric,
+        mode=sweep.mode,
+        keys=list(sweep.keys),
         elements=[ElementEntry(e.index, e.dir_name, e.overrides) for e in elements],
+        search=search,
     )
 
 

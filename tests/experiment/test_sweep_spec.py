@@ -81,7 +81,7 @@ def test_random_is_seeded_and_stays_in_range() -> None:
         ({"list": [{"dist.launcher": "mpi"}]}, "cannot vary within a sweep"),
         (
             {"grid": {"lr": [1]}, "list": [{"lr": 1}]},
-            "exactly one of grid, list or random (found grid and list)",
+            "exactly one of grid, list, random or search (found grid and list)",
         ),
         ({"max_parallel": 2}, "found none"),
         ({"grid": {"lr": [1]}, "max_paralel": 2}, "unknown key 'max_paralel' (did you mean 'max_parallel'?)"),

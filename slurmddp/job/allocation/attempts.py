@@ -45,8 +45,10 @@ from slurmddp.job.allocation.outcome import (
 )
 from slurmddp.job.allocation.requeue import Decision, decide, decide_local
 from slurmddp.rundir import records, watchkey
-from slurmddp.rundir.layout import LOGS, STEP_HOSTS
+from slurmddp.rundir.layout import LOGS, STEP_HOSTS, SWEEP
+from slurmddp.rundir.manifest import SweepManifest
 from slurmddp.rundir.records import CANCELLED, AttemptEvent, AttemptId, Begin, End, Exclusions, Progress
+from slurmddp.search import trial
 
 
 def begin(
@@ -99,6 +101,26 @@ def begin(
     # Before any rank looks for it: on a shared file system a node that asked for the name before
     # it existed may be told it is missing for a while (NFS caches the answer).
     watchkey.run_key(run_dir)
+    return 0
+
+
+def claim_trial(run_dir: Path) -> int:
+    """A search's element, before its ranks start: its trial, asked of the study on its first
+    start (the ranks read its values from RUN_DIR/trial.json). A study that cannot be reached
+    ends the attempt as a failure, before any rank started."""
+    if not (run_dir.parent / SWEEP).is_file():
+        return 0
+    index = next(
+        (e.index for e in SweepManifest.read(run_dir.parent).elements if e.dir == run_dir.name), None
+    )
+    try:
+        claimed = trial.claim(run_dir.parent, run_dir, index if index is not None else 0)
+    except Exception as exc:
+        print(f"slurmddp: could not ask the search's study for this trial: {exc!r}", file=sys.stderr)
+        return 1
+    if claimed is not None:
+        values = " ".join(f"{k.removeprefix('train.')}={v}" for k, v in claimed.params.items())
+        print(f"slurmddp: trial {claimed.number}: {values}", file=sys.stderr)
     return 0
 
 
@@ -171,6 +193,7 @@ def end(
         # `slurmddp cancel` marked the run before scancel; requeueing now would revive it
         # (scontrol requeue takes a job cancelled a moment ago, seen on 22.05.8).
         print("slurmddp: the run was cancelled; not requeueing", file=sys.stderr)
+        _finish_trial(run_dir, final.reason, final.message)
         return 1
     me = records.latest_of_allocation(events, AttemptId.from_env(env))
     settings = Settings.of_run(run_dir)
@@ -186,8 +209,18 @@ def end(
     if decision.in_job:
         return EXIT_RESTART_IN_JOB
     if not decision.requeue:
-        return 0 if decision.reason == "completed" else 1
+        _finish_trial(run_dir, decision.reason, decision.message)
+        return 0 if decision.reason in ("completed", "pruned") else 1
     return _requeue(run_dir, env, settings)
+
+
+def _finish_trial(run_dir: Path, reason: str, message: str) -> None:
+    """A search's element ended for good: its study is told how. The run's own end stands if the
+    study cannot be reached (its trial then stays RUNNING there)."""
+    try:
+        trial.finish(run_dir, reason, message)
+    except Exception as exc:
+        print(f"slurmddp: warning: could not tell the study how the trial ended: {exc!r}", file=sys.stderr)
 
 
 def restart_in_place(run_dir: Path, env: Mapping[str, str], now: float) -> int | None:
@@ -268,7 +301,10 @@ def end_local(run_dir: Path, attempt: AttemptId, status: int, now: float) -> End
         return None
     controller = Local(LOCAL_STARTS, LOCAL_TIME_SIGNAL)
     decision = decide_local(run_dir, attempt, status, records.current(events), controller)
-    return _record_end(run_dir, events, attempt, status, decision, now)
+    ended = _record_end(run_dir, events, attempt, status, decision, now)
+    if not decision.requeue:
+        _finish_trial(run_dir, decision.reason, decision.message)
+    return ended
 
 
 def main(argv: list[str]) -> int:
@@ -280,7 +316,8 @@ def main(argv: list[str]) -> int:
         run_dir = records.element_dir(Path(argv[1]), int(argv[-1]), os.environ)
         argv = [argv[0], str(run_dir), *argv[2:-2]]
     if len(argv) == 2 and argv[0] == "begin":
-        return begin(Path(argv[1]), os.environ, time.time())
+        began = begin(Path(argv[1]), os.environ, time.time())
+        return claim_trial(Path(argv[1])) if began == 0 else began
     if len(argv) == 3 and argv[0] == "end":
         return end(Path(argv[1]), int(argv[2]), os.environ, time.time(), slurm.preempt_time, logs=logs)
     print(

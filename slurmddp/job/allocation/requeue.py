@@ -3,6 +3,7 @@ to bottom; the first that decides wins. Recovery is a ladder, cheapest first: a 
 same allocation (or, on the same nodes, new ranks the resident launcher forks in the same step),
 then the queue (without the nodes found bad), then a final reason in plain words.
 
+    pruned                the search's pruner stopped the trial (its trial.json says so): final
     completed             every rank returned (result.json), or they ended 0 without a stop: final
     local_failure         a failure of a local run (its controller never starts one again): final
     refused_retry         a failure that refuses a retry (a failed preflight), no node to blame: final
@@ -48,6 +49,7 @@ from slurmddp.job.allocation.outcome import (
 )
 from slurmddp.rundir import ranklogs, records
 from slurmddp.rundir.records import AttemptId, Failure, Stop
+from slurmddp.rundir.trial import TrialRecord
 
 
 @dataclass(frozen=True)
@@ -70,6 +72,15 @@ class Decision:
 
 Rule = Callable[[Outcome], Decision | None]
 """A rule: the decision for what happened, or None where it is another rule's to decide."""
+
+
+def pruned(outcome: Outcome) -> Decision | None:
+    """A search's trial the pruner stopped (rank 0 recorded it before every rank ended): final,
+    neither a failure nor anything to resume."""
+    record = TrialRecord.read(outcome.run_dir)
+    if record is None or record.state != "pruned":
+        return None
+    return Decision("pruned", record.step, False, f"trial {record.number} pruned at step {record.step}")
 
 
 def completed(outcome: Outcome) -> Decision | None:
@@ -218,6 +229,7 @@ def through_the_queue(outcome: Outcome) -> Decision:
 
 
 RULES: tuple[Rule, ...] = (
+    pruned,
     completed,
     local_failure,
     refused_retry,

@@ -40,11 +40,12 @@ from slurmddp.job.process.watchdog import Watchdog, rendezvous_s
 from slurmddp.job.script.scriptrank import run_script
 from slurmddp.job.spec import RankSpec
 from slurmddp.job.train.context import RunContext
-from slurmddp.job.train.loop import SlowNodeReplaced
+from slurmddp.job.train.loop import SlowNodeReplaced, TrialPruned
 from slurmddp.rundir import records
 from slurmddp.rundir.layout import NCCL_TRACE, RESULT
 from slurmddp.rundir.outputs import Result
 from slurmddp.rundir.records import AttemptId
+from slurmddp.search import trial
 
 if TYPE_CHECKING:
     from torch._C._distributed_c10d import Store
@@ -57,6 +58,8 @@ def run_rank(spec: RankSpec) -> Any:
     """Run one rank of the job described by `spec` in the current task."""
     # Back to our flag first: submitit's runner put its own handlers in just before calling us.
     signals.install(spec.stop_signals)
+    # A search's element was pickled before its trial's values were chosen (its first start).
+    spec = dataclasses.replace(spec, config=trial.applied(spec.config, Path(spec.run_dir)))
     if spec.executor == "local":
         # Slurm's batch script asks attempts.begin before starting the ranks; submitit's local
         # controller starts them again after every stop, a cancel's included.
@@ -326,6 +329,9 @@ def _call(
         result = function(ctx)
     except StopForRequeue as stop:
         return _stopped(spec, dist, stop)
+    except TrialPruned as pruned:
+        print(f"slurmddp: {pruned}", flush=True)
+        return {"pruned_at": pruned.step}
     except SlowNodeReplaced as replaced:
         # Not a crash: one line in every rank's log, not a traceback; rank 0's failure record
         # names the node. SystemExit goes past submitit's runner, which would record an error.

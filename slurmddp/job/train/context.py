@@ -6,15 +6,16 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from omegaconf import DictConfig, OmegaConf
 
-from slurmddp.errors import SlurmddpError
+from slurmddp.errors import ConfigError, SlurmddpError
 from slurmddp.job.process.distenv import DistEnv
 from slurmddp.job.spec import RunSettings
 from slurmddp.job.train.loop import LoopRuntime, LoopState, TrainLoop
 from slurmddp.rundir.metrics import MetricRecord, append_metric
+from slurmddp.rundir.records import AttemptId, Failure
 
 if TYPE_CHECKING:
     from torch.utils.data import DataLoader, Dataset
@@ -24,6 +25,7 @@ if TYPE_CHECKING:
     from slurmddp.job.train.stragglers import Straggler
     from slurmddp.job.train.telemetry import Telemetry
     from slurmddp.job.train.trackers import Trackers
+    from slurmddp.search.trial import Reporter
 
 
 @dataclass
@@ -52,6 +54,10 @@ class RunContext:
     _replacing: dict[str, str] | None = field(default=None, repr=False)
     """Rank 0, with resources.replace_slow_nodes: the node named slow, with why, while a spare can
     take its place."""
+    _reporter: Reporter | Literal[False] | None = field(default=None, repr=False)
+    """Rank 0 of a search's trial: what reports to its study; False: the run is no trial."""
+    _pruned_at: int | None = field(default=None, repr=False)
+    """Rank 0: the step whose value made the pruner stop the trial."""
 
     @property
     def rank(self) -> int:
@@ -113,6 +119,24 @@ class RunContext:
         values = {name: float(getattr(v, "item", lambda v=v: v)()) for name, v in metrics.items()}
         append_metric(self.run_dir, MetricRecord(int(step), round(time.time(), 3), values))
         self._open_trackers().log(int(step), values)
+        self._judge(int(step), values)
+
+    def _judge(self, step: int, values: dict[str, float]) -> None:
+        """Rank 0 of a search's trial: the metric's value to the study, and the pruner's verdict,
+        which the loop's next boundaries make every rank's (a stop at the same step)."""
+        if self._reporter is None:
+            from slurmddp.search.trial import Reporter
+
+            self._reporter = Reporter.open(self.run_dir) or False
+        if self._reporter is False or self._pruned_at is not None:
+            return
+        if self._reporter.report(step, values):
+            self._pruned_at = step
+        problem = self._reporter.never_logged()
+        if problem is not None:
+            attempt = AttemptId.of(self.dist)
+            Failure(step, self.rank, problem, attempt, time.time(), retry=False).write(self.run_dir)
+            raise ConfigError(problem)
 
     def _open_trackers(self) -> Trackers:
         if self._trackers is None:
@@ -290,6 +314,7 @@ class RunContext:
                 telemetry=self._telemetry(feed),
                 snapshots=Snapshots.open(os.environ, self.settings.checkpoint, self.dist, self.device),
                 slow_to_replace=lambda: self._replacing,
+                pruned=lambda: self._pruned_at is not None,
             ),
         )
         return self.active_loop

@@ -7,10 +7,11 @@
 
 At each step boundary the ranks exchange one small all-reduce that carries "a stop signal arrived",
 "a timed checkpoint is due", "a telemetry record is due", "an in-memory snapshot is due", "a
-node is still writing the last snapshot" (job/train/snapshots.py) and "a slow node is to be
-replaced" (resources.replace_slow_nodes). It is started at one boundary and read
-at the next, so it never waits on the network; since every rank reads the same reduced value at the
-same boundary, all ranks stop (or save) at the same step, one step after the signal.
+node is still writing the last snapshot" (job/train/snapshots.py), "a slow node is to be
+replaced" (resources.replace_slow_nodes) and "the search's pruner stopped this trial". It is
+started at one boundary and read at the next, so it never waits on the network; since every rank
+reads the same reduced value at the same boundary, all ranks stop (or save) at the same step, one
+step after the signal.
 
 A resumed attempt first runs the user's step once as a priming step and then loads the checkpoint
 again. DistributedDataParallel lays out its gradient buckets in parameter order, records the order
@@ -39,6 +40,7 @@ from slurmddp.job.process import signals
 from slurmddp.job.process.stop import StopForRequeue
 from slurmddp.rundir.metrics import drop_metrics_from
 from slurmddp.rundir.records import AttemptId, Failure, LoopProgress, Progress, SkippedSaves, Stop
+from slurmddp.rundir.trial import TrialRecord
 
 if TYPE_CHECKING:
     from slurmddp.experiment.schema import Checkpoint, Ddp, Precision
@@ -53,6 +55,16 @@ if TYPE_CHECKING:
 PROGRESS_EVERY_S = 2.0
 Unsaved = tuple[int, str]
 """A checkpoint's step, and why it was not saved."""
+
+
+class TrialPruned(BaseException):
+    """What every rank ends with, at the same step, once the search's pruner stopped the trial
+    (rank 0 heard it from the study): not a failure, and nothing to resume. A BaseException, as
+    StopForRequeue."""
+
+    def __init__(self, step: int) -> None:
+        super().__init__(f"the search's pruner stopped this trial at step {step}; the run ends here")
+        self.step = step
 
 
 class SlowNodeReplaced(BaseException):
@@ -92,6 +104,8 @@ class LoopRuntime:
     slow_to_replace: Callable[[], dict[str, str] | None] | None = None
     """Rank 0, with resources.replace_slow_nodes: the node named slow, with why, while a spare can
     take its place; the attempt then ends at the next checkpoint and restarts on the spare."""
+    pruned: Callable[[], bool] | None = None
+    """Rank 0 of a search's trial: whether the pruner stopped it."""
 
 
 class TrainLoop:
@@ -115,8 +129,9 @@ class TrainLoop:
         self._hold(state, ddp, precision)
         self._start_counting()
         # A stop signal arrived; a timed checkpoint is due; a telemetry record is due; an in-memory
-        # snapshot is due; a node is still writing the last one; a slow node is to be replaced.
-        self._flags = torch.zeros(6, dtype=torch.int32, device=runtime.device)
+        # snapshot is due; a node is still writing the last one; a slow node is to be replaced; the
+        # trial is pruned.
+        self._flags = torch.zeros(7, dtype=torch.int32, device=runtime.device)
         self._pending: Any = None
         self._check_own_sampler()
         self._resume()
@@ -135,6 +150,7 @@ class TrainLoop:
         """Step times, data wait, communication (train/telemetry.py); None with telemetry.enabled=false."""
         self.snapshots = runtime.snapshots
         self._slow_to_replace = runtime.slow_to_replace
+        self._pruned = runtime.pruned
 
     def _hold(self, state: LoopState, ddp: Ddp, precision: Precision) -> None:
         """What the checkpoints keep, and the settings that state depends on."""
@@ -537,11 +553,13 @@ class TrainLoop:
     def _boundary(self) -> None:
         import torch.distributed as tdist
 
-        stop, timed_save, record, snapshot, replace = self._agreed()
+        stop, timed_save, record, snapshot, replace, pruned = self._agreed()
         if self.snapshots is not None:
             self.snapshots.settle()
         if self.rank == 0:
             self._progress()
+        if pruned:
+            self._end_pruned()
         if stop:
             unsaved = self._save() or self._settle()
             if unsaved is not None:
@@ -578,18 +596,35 @@ class TrainLoop:
         )
         self._flags[4] = int(snapshots is not None and snapshots.busy())
         self._flags[5] = int(self._slow_to_replace is not None and self._slow_to_replace() is not None)
+        self._flags[6] = int(self._pruned is not None and self._pruned())
         self._pending = tdist.all_reduce(self._flags, op=tdist.ReduceOp.MAX, async_op=True)
 
-    def _agreed(self) -> tuple[int, bool, bool, bool, bool]:
+    def _agreed(self) -> tuple[int, bool, bool, bool, bool, bool]:
         """The flags every rank reported at the previous boundary: a stop, a timed checkpoint, a
-        telemetry record, an in-memory snapshot (due, and no node still writing the last), and a
-        slow node to replace."""
+        telemetry record, an in-memory snapshot (due, and no node still writing the last), a
+        slow node to replace, and a pruned trial."""
         if self._pending is None:
-            return 0, False, False, False, False
+            return 0, False, False, False, False, False
         self._pending.wait()
         self._pending = None
-        stop, timed_save, record, snapshot, writing, replace = self._flags.tolist()
-        return int(stop), bool(timed_save), bool(record), bool(snapshot) and not writing, bool(replace)
+        stop, timed_save, record, snapshot, writing, replace, pruned = self._flags.tolist()
+        due = bool(snapshot) and not writing
+        return int(stop), bool(timed_save), bool(record), due, bool(replace), bool(pruned)
+
+    def _end_pruned(self) -> None:
+        """The pruner stopped the trial: every rank ends here, rank 0's trial record saying so
+        first, for the batch script's decision (final, not requeued) and `status`."""
+        import torch.distributed as tdist
+
+        if self.rank == 0:
+            record = TrialRecord.read(self.run_dir)
+            if record is not None:
+                record.ended("pruned", step=self.step).write(self.run_dir)
+            self._progress(force=True)
+        if self.snapshots is not None:
+            self.snapshots.clear()
+        tdist.barrier()
+        raise TrialPruned(self.step)
 
     def _end_for_replacement(self) -> None:
         """A slow node is to be replaced and this step's checkpoint is saved: end the attempt on
