@@ -53,7 +53,7 @@ class Param:
             return self.choices[rng.randrange(len(self.choices))]
         assert self.low is not None and self.high is not None
         if self.step is not None:
-            return self.low + self.step * rng.randint(0, self._steps())
+            return self._at(rng.randint(0, self._steps()))
         if self.kind == "int":
             if self.log:
                 return round(math.exp(rng.uniform(math.log(self.low), math.log(self.high))))
@@ -68,10 +68,15 @@ class Param:
             return list(self.choices)
         if self.log or (self.kind == "float" and self.step is None):
             return None
-        assert self.low is not None
-        step = self.step if self.step is not None else 1
         count = self._steps() + 1
-        return None if count > GRID_LIMIT else [self.low + step * i for i in range(count)]
+        return None if count > GRID_LIMIT else [self._at(i) for i in range(count)]
+
+    def _at(self, i: int) -> float | int:
+        """The i-th value from low; a float step's to 12 digits (0.1 + 2 * 0.1 is 0.3, not
+        0.30000000000000004)."""
+        assert self.low is not None
+        value = self.low + (self.step if self.step is not None else 1) * i
+        return float(f"{value:.12g}") if isinstance(value, float) else value
 
     def _steps(self) -> int:
         assert self.low is not None and self.high is not None

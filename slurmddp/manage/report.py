@@ -12,7 +12,7 @@ from typing import Any
 
 from slurmddp.errors import SlurmddpError
 from slurmddp.experiment.sweep import describe
-from slurmddp.manage import accounting, explain, goodput, numbers, runs
+from slurmddp.manage import accounting, explain, goodput, numbers, runs, trials
 from slurmddp.rundir.metrics import read_metrics
 from slurmddp.rundir.records import SkippedSaves, SlowNode
 
@@ -30,8 +30,10 @@ def table(header: Sequence[str], body: Sequence[Sequence[str]]) -> str:
 
 def status_table(target: runs.Target, rows: list[runs.Row], metric: str | None) -> str:
     shown = metric or _first_metric(rows)
+    study = trials.summary(target, rows)
     header = [
         "index",
+        *(["trial"] if study is not None else []),
         "overrides",
         "state",
         "attempts",
@@ -48,8 +50,9 @@ def status_table(target: runs.Target, rows: list[runs.Row], metric: str | None) 
     body = [
         [
             "-" if row.index is None else str(row.index),
+            *([_trial(row)] if study is not None else []),
             describe(row.overrides) or "-",
-            row.state,
+            row.shown_state,
             str(row.attempts),
             "-" if row.step is None else str(row.step),
             _number(row.metrics.get(shown)) if shown else "-",
@@ -62,7 +65,7 @@ def status_table(target: runs.Target, rows: list[runs.Row], metric: str | None) 
     ]
     counts: dict[str, int] = {}
     for row in rows:
-        counts[row.state] = counts.get(row.state, 0) + 1
+        counts[row.shown_state] = counts.get(row.shown_state, 0) + 1
     summary = ", ".join(f"{n} {state.lower()}" for state, n in sorted(counts.items()))
     title = f"{target.kind} {target.manifest.name or ''} ({target.executor}) {target.dir}: {summary}"
     text = f"{title}\n{table(header, body)}"
@@ -80,7 +83,17 @@ def status_table(target: runs.Target, rows: list[runs.Row], metric: str | None) 
     summed = goodput.total(row.goodput for row in rows)
     if target.kind == "sweep" and summed is not None:
         text += f"\ntotal: {goodput.describe(summed)}"
+    if study is not None:
+        text += "".join(f"\n{line}" for line in study.lines())
     return text
+
+
+def _trial(row: runs.Row) -> str:
+    """ "3 complete", "5 pruned@44", "-" before the element asked for its trial."""
+    found = row.trial
+    if found is None:
+        return "-"
+    return f"{found.number} {found.state}" + (f"@{found.step}" if found.state == "pruned" else "")
 
 
 def _notes(target: runs.Target, row: runs.Row) -> list[str]:
@@ -142,7 +155,9 @@ def skipped_saves(skipped: SkippedSaves) -> str:
 
 
 def status_json(target: runs.Target, rows: list[runs.Row]) -> dict[str, Any]:
+    study = trials.summary(target, rows)
     return {
+        **({"study": study.to_json()} if study is not None else {}),
         "kind": target.kind,
         "dir": str(target.dir),
         "name": target.manifest.name,
@@ -185,8 +200,9 @@ def ranked(rows: list[runs.Row], metric: str, mode: str) -> list[runs.Row]:
     def key(row: runs.Row) -> tuple[int, float]:
         value = row.metrics.get(metric)
         if value is None or math.isnan(value):
-            return (1, 0.0)
-        return (0, value if mode == "min" else -value)
+            return (2, 0.0)
+        # A pruned trial's value is an early one: it ranks after every trial that ran to its end.
+        return (int(row.shown_state == "PRUNED"), value if mode == "min" else -value)
 
     return sorted(rows, key=key)
 
@@ -217,7 +233,7 @@ def results_csv(rows: list[runs.Row], keys: list[str], metrics: list[str]) -> st
             [
                 row.index,
                 *(row.overrides.get(k, "") for k in keys),
-                row.state,
+                row.shown_state,
                 "" if row.step is None else row.step,
                 *(row.metrics.get(m, "") for m in metrics),
                 *("" if value is None else value for value in (row.cpu_hours, row.gpu_hours, row.lost_hours)),
@@ -232,7 +248,7 @@ def _results_cells(row: runs.Row, keys: list[str], metrics: list[str]) -> list[s
     return [
         "-" if row.index is None else str(row.index),
         *(_number(row.overrides.get(k)) for k in keys),
-        row.state,
+        row.shown_state,
         "-" if row.step is None else str(row.step),
         *(_number(row.metrics.get(m)) for m in metrics),
         *_usage_cells(row),

@@ -43,6 +43,7 @@ from slurmddp.rundir.records import (
     final_end,
     read_attempts,
 )
+from slurmddp.rundir.trial import TrialRecord
 
 RunState = Literal[JobState, "UNSUBMITTED"]
 """What `status` shows for a run: Slurm's state, or that it was never submitted."""
@@ -196,13 +197,19 @@ def _load_sweep(path: Path) -> Target:
         Run(
             e.index,
             path / e.dir,
-            e.overrides,
+            _trial_values(path / e.dir) if manifest.search is not None else e.overrides,
             tuple(jobs.get(e.index, ())),
             logs.get(e.index) or _logs(path / SWEEP, manifest.logs),
         )
         for e in manifest.elements
     )
     return Target("sweep", path, manifest, elements)
+
+
+def _trial_values(run_dir: Path) -> dict[str, Any]:
+    """A search's element varies what its trial chose when it started (nothing before)."""
+    record = TrialRecord.read(run_dir)
+    return {} if record is None else record.params
 
 
 def _logs(manifest: Path, logs: str | None) -> Path:
@@ -371,6 +378,14 @@ class Row:
     goodput: Goodput | None = None
     """The share of the allocated time that trained, and where the rest went (manage/goodput.py);
     None before the first attempt began."""
+    trial: TrialRecord | None = None
+    """A search's element: the Optuna trial it runs (its number, state, value); None before its
+    first start, and in other runs."""
+
+    @property
+    def shown_state(self) -> str:
+        """The state as tables show it: PRUNED for a trial the pruner stopped (its job COMPLETED)."""
+        return "PRUNED" if self.trial is not None and self.trial.state == "pruned" else self.state
 
 
 def rows(target: Target, with_usage: bool = True) -> list[Row]:
@@ -425,6 +440,7 @@ def rows(target: Target, with_usage: bool = True) -> list[Row]:
                     now,
                     spare_share(element.dir),
                 ),
+                trial=TrialRecord.read(element.dir),
             )
         )
     return out

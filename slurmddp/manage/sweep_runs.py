@@ -33,8 +33,12 @@ def run_local(
     plan: SubmissionPlan, loaded: Loaded, elements: list[SweepElement], argv: list[str], out: TextIO
 ) -> int:
     """Without Slurm the elements run one after another on this machine, each as its own job."""
-    submitter.make_run_dir(plan.run_dir, loaded.experiment)
-    manifest = submitter.sweep_manifest(plan, loaded, elements, argv)
+    created = submitter.make_run_dir(plan.run_dir, loaded.experiment)
+    try:
+        manifest = submitter.sweep_manifest(plan, loaded, elements, argv)
+    except BaseException:
+        submitter.discard(plan.run_dir, created)
+        raise
     manifest.write(plan.run_dir)
     index.remember(plan.run_dir, "sweep", plan.job_name, "local")
     out.write(f"slurmddp: running a sweep of {len(elements)} elements here, one after another\n")
