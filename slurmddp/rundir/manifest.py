@@ -236,9 +236,9 @@ class SweepManifest(Submitted):
     study: StudySettings | None = None
     """A scaling study's settings; None for a sweep."""
     search: dict[str, Any] | None = None
-    """A `search:` sweep's settings: experiment/search.py's `Search.to_json()`, with `study` (the
-    Optuna study's name) and `storage` (its URL, or the journal file's absolute path) resolved at
-    submit; None for other sweeps."""
+    """A `search:` sweep's study: `study` (the Optuna study's name), `storage` (its URL, or the
+    journal file's absolute path), both resolved at submit, and `spec`, experiment/search.py's
+    `Search.to_json()`; None for other sweeps."""
 
     def with_submission(self, submission: SweepSubmission) -> SweepManifest:
         return dataclasses.replace(self, submissions=[*self.submissions, submission])

@@ -5,10 +5,11 @@ rank 0 to report values and ask the pruner.
 
 Every sampler is seeded: an element's sampler by the search's seed and the element's index, so
 that elements asking at once do not draw the same startup values, and a search run again with
-the same seed and the same order of finished trials asks the same things (QMC's sequence is
-shared: its seed is the search's). TPE runs with `constant_liar` (trials that run in parallel
-are told apart) and, by default, a third of the trials (at most Optuna's 10) drawn at random
-before it models: with Optuna's 10 out of 12, a small search would hardly learn.
+the same seed and the same order of finished trials asks the same things. QMC's sequence and the
+grid's order are shared by every element (trial N takes point N), so their seed is the search's.
+TPE runs with `constant_liar` (trials that run in parallel are told apart) and, by default, a third
+of the trials (at most Optuna's 10) drawn at random before it models: with Optuna's 10 out of 12,
+a small search would hardly learn.
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ class StudyRef:
         data = manifest.search
         if data is None:
             return None
-        search = Search.from_json(data)
+        search = Search.from_json(data["spec"])
         return cls(search, str(data["study"]), str(data["storage"]), str(manifest.metric), str(manifest.mode))
 
     @classmethod
@@ -66,7 +67,7 @@ class StudyRef:
         return cls.of_manifest(SweepManifest.read(sweep_dir))
 
     def to_manifest(self) -> dict[str, Any]:
-        return {**self.search.to_json(), "study": self.name, "storage": self.storage}
+        return {"study": self.name, "storage": self.storage, "spec": self.search.to_json()}
 
     @property
     def journal(self) -> bool:
@@ -147,7 +148,8 @@ def sampler(ref: StudyRef, element: int) -> optuna.samplers.BaseSampler:
         "gp": samplers.GPSampler,
         "grid": samplers.GridSampler,
     }
-    seed = search.seed if search.sampler == "qmc" else search.seed * SEED_STRIDE + element
+    shared = search.sampler in ("qmc", "grid")
+    seed = search.seed if shared else search.seed * SEED_STRIDE + element
     defaults: dict[str, Any] = {"seed": seed}
     if search.sampler == "tpe":
         defaults.update(constant_liar=True, n_startup_trials=min(10, max(1, search.trials // 3)))
