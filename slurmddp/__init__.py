@@ -4,7 +4,8 @@ What a training function imports comes from here: `RunContext` (what every rank 
 `ResumableDistributedSampler`, and `StopForRequeue` (what `ctx.loop` raises once every rank saved
 after a stop signal). A training script (a plain loop, or a framework's through
 `slurmddp.integrations`) asks `should_stop()` at each step and, once every rank saved, calls
-`exit_for_requeue()`. They are loaded on first use, so that importing the package stays light (no
+`exit_for_requeue()`; it logs with `report(step, **metrics)` and reads a search trial's values
+with `params()`. They are loaded on first use, so that importing the package stays light (no
 torch): the submit path runs on login nodes that may lack it.
 
 The package follows the flow of a submission; each sub-package is one side of it:
@@ -47,10 +48,20 @@ from typing import TYPE_CHECKING, Any
 from slurmddp.defaults import VERSION
 
 __version__ = VERSION
-__all__ = ["ResumableDistributedSampler", "RunContext", "StopForRequeue", "exit_for_requeue", "should_stop"]
+__all__ = [
+    "ResumableDistributedSampler",
+    "RunContext",
+    "StopForRequeue",
+    "exit_for_requeue",
+    "params",
+    "pruned",
+    "report",
+    "should_stop",
+]
 
 if TYPE_CHECKING:
     from slurmddp.job.process.stop import StopForRequeue, exit_for_requeue, should_stop
+    from slurmddp.job.script.report import params, pruned, report
     from slurmddp.job.train.context import RunContext
     from slurmddp.job.train.sampler import ResumableDistributedSampler
 
@@ -60,6 +71,9 @@ _EXPORTS = {
     "ResumableDistributedSampler": "slurmddp.job.train.sampler",
     "should_stop": "slurmddp.job.process.stop",
     "exit_for_requeue": "slurmddp.job.process.stop",
+    "report": "slurmddp.job.script.report",
+    "params": "slurmddp.job.script.report",
+    "pruned": "slurmddp.job.script.report",
 }
 
 

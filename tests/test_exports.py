@@ -12,6 +12,7 @@ import pytest
 def test_the_user_names_are_the_job_sides_classes() -> None:
     import slurmddp
     from slurmddp.job.process.stop import StopForRequeue, exit_for_requeue, should_stop
+    from slurmddp.job.script.report import params, pruned, report
     from slurmddp.job.train.context import RunContext
     from slurmddp.job.train.sampler import ResumableDistributedSampler
 
@@ -20,11 +21,15 @@ def test_the_user_names_are_the_job_sides_classes() -> None:
     assert slurmddp.ResumableDistributedSampler is ResumableDistributedSampler
     assert slurmddp.should_stop is should_stop
     assert slurmddp.exit_for_requeue is exit_for_requeue
+    assert (slurmddp.report, slurmddp.params, slurmddp.pruned) == (report, params, pruned)
     assert sorted(slurmddp.__all__) == [
         "ResumableDistributedSampler",
         "RunContext",
         "StopForRequeue",
         "exit_for_requeue",
+        "params",
+        "pruned",
+        "report",
         "should_stop",
     ]
     with pytest.raises(AttributeError, match="has no attribute 'Nope'"):

@@ -59,6 +59,7 @@ from slurmddp.job.checkpoint.integrity import (
 from slurmddp.job.checkpoint.io import file_crc32, write_stream_atomic
 from slurmddp.job.checkpoint.rng import capture_rng_state, restore_rng_state
 from slurmddp.job.process.stop import exit_for_requeue, should_stop
+from slurmddp.job.script import report as search_report
 
 try:
     from lightning.pytorch import Callback as _Callback
@@ -207,6 +208,12 @@ class SlurmddpCallback(_Callback):
         if should_stop():
             self._save(trainer)
             exit_for_requeue()
+
+    def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
+        # A search's trial: what validation logged (self.log("val_loss", ...)) goes to the study,
+        # as Optuna's own Lightning pruning callback takes it.
+        if not trainer.sanity_checking and search_report.in_search():
+            search_report.report(trainer.global_step, **search_report.numbers(dict(trainer.callback_metrics)))
 
     def on_fit_end(self, trainer: Any, pl_module: Any) -> None:
         self._restore_signal_handlers()

@@ -58,6 +58,7 @@ from slurmddp.integrations.shims import transformers as internals
 from slurmddp.job.checkpoint import completeness
 from slurmddp.job.checkpoint.completeness import UNCHECKED, Kind, Marker, Wording
 from slurmddp.job.process import stop
+from slurmddp.job.script import report as search_report
 
 __all__ = ["COMPLETE", "SlurmddpCallback", "auto", "checkpoint_problem", "newest_complete", "resume_point"]
 
@@ -267,6 +268,18 @@ class SlurmddpCallback(TrainerCallback):
             _barrier()
         if self.stopping:
             self._stop(state)
+
+    def on_log(
+        self,
+        args: TrainingArguments,
+        state: TrainerState,
+        control: TrainerControl,
+        logs: dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        # A search's trial: what Trainer logs (eval_loss after an evaluation) goes to the study.
+        if logs and search_report.in_search():
+            search_report.report(state.global_step, **search_report.numbers(logs))
 
     def _stop(self, state: TrainerState) -> None:
         if stop.stopped_at() is not None:

@@ -140,3 +140,40 @@ def test_without_optuna_the_install_line_is_named(tmp_path: Path) -> None:
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "pip install 'slurmddp[search]'" in proc.stderr
     assert not list((tmp_path / "runs").glob("*/*"))
+
+
+SCRIPT = """\
+import math, os
+import torch, torch.distributed as dist
+import slurmddp
+
+dist.init_process_group("gloo")
+lr = slurmddp.params()["lr"]
+last = -1
+for step in range(30):
+    ones = torch.ones(1)
+    dist.all_reduce(ones)  # the ranks move in lockstep, as DDP's gradient all-reduce makes them
+    last = step
+    slurmddp.report(step, value=(math.log10(lr) + 2) ** 2 + 1 / (step + 1))
+    if slurmddp.should_stop():
+        break
+with open(os.path.join(os.environ["SLURMDDP_RUN_DIR"], f"last-{dist.get_rank()}"), "w") as f:
+    f.write(f"{last} {slurmddp.pruned()}")
+dist.destroy_process_group()
+"""
+
+
+def test_a_script_reads_its_trial_reports_and_stops_when_pruned(tmp_path: Path) -> None:
+    (tmp_path / "script.py").write_text(SCRIPT)
+    exp = write(tmp_path, EXPERIMENT.replace("objective.py:main", "script.py"))
+    proc = run(tmp_path, "submit", str(exp), "executor=local", f"output_dir={tmp_path / 'runs'}")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (manifest,) = (tmp_path / "runs").glob("search/*/sweep.json")
+    shown = json.loads(run(tmp_path, "status", str(manifest.parent), "--json").stdout)
+    assert shown["study"]["best"]["params"] == {"lr": 0.01} and shown["study"]["trials"]["pruned"] >= 1
+    for element in shown["elements"]:
+        said = {(Path(element["dir"]) / f"last-{rank}").read_text() for rank in range(3)}
+        assert len(said) == 1, f"the ranks stopped at different steps: {said}"
+        last, pruned = said.pop().split()
+        assert pruned == str(element["trial"]["state"] == "pruned")
+        assert (int(last) == 29) == (element["trial"]["state"] == "complete")

@@ -60,6 +60,22 @@ _NONE = "-"
 """What a read-only compare-and-set expects: never a boundary, so it never writes."""
 
 
+_asked: int | None = None
+"""A stop asked inside this process (the search's pruner, through `slurmddp.report`), as the
+signal it stands for."""
+
+
+def ask() -> None:
+    """Ask for the stop every rank agrees on from inside this process, as a stop signal would:
+    `should_stop()` then says True on every rank at the same step."""
+    global _asked
+    _asked = signal.SIGTERM
+
+
+def _heard() -> int | None:
+    return signals.received() or _asked
+
+
 class StopForRequeue(BaseException):
     """Raised once every rank saved after a stop signal: by `ctx.loop`, or by
     `slurmddp.exit_for_requeue()` in a script. The job runs again and resumes from that save.
@@ -105,12 +121,12 @@ class Agreement:
     def __init__(
         self,
         store: Store,
-        heard: Callable[[], int | None] = signals.received,
+        heard: Callable[[], int | None] = _heard,
         every: int | None = None,
     ) -> None:
         self.store = store
         self.heard = heard
-        """Which stop signal this process got, if any."""
+        """Which stop signal this process got (or the stop asked inside it), if any."""
         self.boundaries = 0
         self.agreed: int | None = None
         self.every: int | None = None
