@@ -11,12 +11,12 @@ from slurmddp.cli import dryrun, mpilaunch, waiting
 from slurmddp.cli.arguments import experiment_args, wait_arg
 from slurmddp.errors import ConfigError
 from slurmddp.experiment.load import Loaded, SweepElement, expand, load_experiment
-from slurmddp.manage import ctrl_c, index, sweep_runs
+from slurmddp.manage import after, ctrl_c, index, sweep_runs
 from slurmddp.manage.display import print_block
 from slurmddp.manage.outcome import next_steps
 from slurmddp.manage.signal_lead import short_lead_warning
 from slurmddp.submit import submitter
-from slurmddp.submit.plan import SubmissionPlan
+from slurmddp.submit.plan import SubmissionPlan, waiting_for
 from slurmddp.submit.prepare import plan_for
 
 
@@ -24,6 +24,11 @@ def parsers() -> dict[str, argparse.ArgumentParser]:
     submit = argparse.ArgumentParser(prog="slurmddp submit", description="Submit an experiment.")
     experiment_args(submit)
     wait_arg(submit, "follow the job to its end and exit with its status (default: only for local runs)")
+    queued = submit.add_mutually_exclusive_group()
+    queued.add_argument(
+        "--after", metavar="RUN", help="start once RUN (a run or sweep directory, a job id) completed"
+    )
+    queued.add_argument("--after-any", metavar="RUN", help="start once RUN ended, however (afterany)")
     submit.set_defaults(func=_submit)
     preview = argparse.ArgumentParser(
         prog="slurmddp dryrun", description="Print the batch script and rank environments; submit nothing."
@@ -51,6 +56,7 @@ def _submit(args: argparse.Namespace) -> int:
     loaded = load_experiment(args.experiment, args.overrides)
     elements = expand(loaded) if loaded.sweep is not None else []
     plan = plan_for(loaded, elements=elements)
+    plan = _queued_behind(args, plan)
     for note in plan.notes:
         print(f"slurmddp: {note}")
     warning = short_lead_warning(plan, loaded.experiment)
@@ -69,6 +75,25 @@ def _submit(args: argparse.Namespace) -> int:
         print_block(sys.stdout, [], next_steps(str(plan.run_dir), None))
         return 0
     return waiting.follow_to_end(sub, sys.stdout)
+
+
+def _queued_behind(args: argparse.Namespace, plan: SubmissionPlan) -> SubmissionPlan:
+    """The plan held in the queue behind --after / --after-any's run, where one is given."""
+    for flag, kind in after.KINDS.items():
+        ref = getattr(args, flag)
+        if ref is None:
+            continue
+        if plan.executor != "slurm":
+            raise ConfigError(
+                f"--{flag.replace('_', '-')} {ref}: a local run starts at once; submit it once that run ended"
+            )
+        waited = after.dependency(ref, kind)
+        if waited is None:
+            print(f"slurmddp: {ref} has ended; nothing to wait for")
+            return plan
+        print(f"slurmddp: queued behind {waited.dir} ({waited.sbatch})")
+        return waiting_for(plan, waited)
+    return plan
 
 
 def _submit_sweep(

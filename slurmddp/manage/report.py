@@ -12,7 +12,7 @@ from typing import Any
 
 from slurmddp.errors import SlurmddpError
 from slurmddp.experiment.sweep import describe
-from slurmddp.manage import accounting, explain, goodput, numbers, runs, trials
+from slurmddp.manage import accounting, after, explain, goodput, numbers, runs, trials
 from slurmddp.rundir.metrics import read_metrics
 from slurmddp.rundir.records import SkippedSaves, SlowNode
 
@@ -101,6 +101,9 @@ def _notes(target: runs.Target, row: runs.Row) -> list[str]:
     requeued or left nodes out, and what a resubmit would do."""
     name = "run" if row.index is None else f"element {row.index}"
     lines = []
+    waiting = after.note(target, row)
+    if waiting is not None:
+        lines.append(f"{name}: {waiting}")
     if len(row.ended) > 1:
         lines.append(f"{name}: {'; '.join(_ended(end) for end in row.ended)}")
     if row.last_end is not None and row.last_end != "completed":

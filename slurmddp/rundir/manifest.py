@@ -35,6 +35,29 @@ def _read(path: Path) -> dict[str, Any]:
     return data
 
 
+@dataclass(frozen=True)
+class Dependency:
+    """`submit --after RUN` (`afterok`) or `--after-any RUN` (`afterany`): the run or sweep this one
+    waits for in the queue, and its jobs as they were at submit."""
+
+    kind: str
+    """Slurm's dependency type: "afterok" or "afterany"."""
+    dir: str
+    """The run or sweep directory waited for."""
+    jobs: list[str]
+
+    @classmethod
+    def from_json(cls, data: Any) -> Dependency | None:
+        if not isinstance(data, dict):
+            return None
+        return cls(str(data["kind"]), str(data["dir"]), [str(job) for job in data.get("jobs", ())])
+
+    @property
+    def sbatch(self) -> str:
+        """sbatch's --dependency value."""
+        return f"{self.kind}:{':'.join(self.jobs)}"
+
+
 @dataclass(frozen=True, kw_only=True)
 class Submitted:
     """What a run's or a sweep's manifest says of how it was submitted."""
@@ -53,9 +76,13 @@ class Submitted:
     world_size: int | None = None
     logs: str | None = None
     """submitit's folder of the job's batch script, pickles and per-rank logs."""
+    after: Dependency | None = None
+    """What the job waits for in the queue (`submit --after`); None: nothing."""
 
     def _submitted_json(self) -> dict[str, Any]:
-        return _without_none(submitted_fields(self))
+        fields = submitted_fields(self)
+        fields["after"] = None if self.after is None else dataclasses.asdict(self.after)
+        return _without_none(fields)
 
 
 def submitted_fields(record: Submitted) -> dict[str, Any]:
@@ -75,6 +102,7 @@ def _submitted_from(data: Mapping[str, Any]) -> dict[str, Any]:
         "run_dir": data.get("run_dir"),
         "world_size": data.get("world_size"),
         "logs": data.get("logs"),
+        "after": Dependency.from_json(data.get("after")),
     }
 
 

@@ -6,6 +6,7 @@ Pure apart from reading the entrypoint's source (never running it). `dryrun` pri
 
 from __future__ import annotations
 
+import dataclasses
 import shlex
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -23,6 +24,7 @@ from slurmddp.experiment.load import Loaded
 from slurmddp.experiment.schema import Experiment
 from slurmddp.job.spec import RankSpec, RunSettings
 from slurmddp.rundir.layout import CHECKPOINTS, LOGS
+from slurmddp.rundir.manifest import Dependency
 from slurmddp.submit import container
 from slurmddp.submit.script import BOOT_MODULE, render_template, sbatch_script
 
@@ -69,10 +71,24 @@ class SubmissionPlan:
     containers: tuple[Runtime, ...] = ()
     """The runtimes the ranks start in (the experiment's `container:`, each sweep element's own);
     none: on the nodes themselves."""
+    after: Dependency | None = None
+    """The run or sweep the job waits for in the queue (`submit --after`)."""
 
     def batch_script(self) -> str:
         """The batch script submitit writes for this plan, byte for byte (Slurm plans)."""
         return sbatch_script(command(self), self.folder, self.parameters, len(self.array))
+
+
+def waiting_for(plan: SubmissionPlan, after: Dependency) -> SubmissionPlan:
+    """`plan`, queued behind `after`'s jobs. Slurm cancels it where they end so that it never can
+    start (--kill-on-invalid-dep), rather than leave it pending with DependencyNeverSatisfied."""
+    extra = {
+        **plan.parameters["additional_parameters"],
+        "dependency": after.sbatch,
+        "kill-on-invalid-dep": "yes",
+    }
+    parameters = {**plan.parameters, "additional_parameters": extra}
+    return dataclasses.replace(plan, parameters=parameters, after=after)
 
 
 def build(

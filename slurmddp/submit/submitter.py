@@ -301,6 +301,7 @@ def _described(plan: SubmissionPlan, loaded: Loaded, argv: list[str]) -> Submitt
         run_dir=str(plan.run_dir),
         world_size=plan.world_size,
         logs=str(plan.folder),
+        after=plan.after,
     )
 
 
