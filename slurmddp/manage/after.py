@@ -19,7 +19,7 @@ def dependency(ref: str, kind: str) -> Dependency | None:
     (every job of it completed: Slurm may have forgotten them)."""
     flag = "--after" if kind == "afterok" else "--after-any"
     target = runs.resolve(ref)
-    if target.executor != "slurm":
+    if target.backend.runs_here:
         raise SlurmddpError(
             f"{flag} {ref}: {target.dir} ran here without Slurm; only Slurm's queue can hold a job "
             "until another ends: submit once it has"
