@@ -12,7 +12,7 @@ from pathlib import Path
 from slurmddp.cli import waiting
 from slurmddp.cli.arguments import index_arg, positive_int, run_arg, wait_arg
 from slurmddp.errors import SlurmddpError
-from slurmddp.manage import actions, ctrl_c, index, listing, logs, ranking, report, runs, scaling_study
+from slurmddp.manage import actions, ctrl_c, index, listing, logs, ranking, report, runs, scaling_study, then
 
 # The README defines these figures once ("Sweeps and managing runs"); the help only points there.
 ACCOUNTING_HELP = (
@@ -31,7 +31,19 @@ def parsers() -> dict[str, argparse.ArgumentParser]:
         "resubmit": _resubmit_parser(),
         "list": _list_parser(),
         "results": _results_parser(),
+        "then": _then_parser(),
     }
+
+
+def _then_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="slurmddp then",
+        description="Submit a sweep's `sweep.then` experiment with its best element's values (the "
+        "sweep's own then-job runs this once every element ended).",
+    )
+    parser.add_argument("sweep", type=Path, help="the sweep directory")
+    parser.set_defaults(func=lambda args: then.submit_then(args.sweep, sys.stdout))
+    return parser
 
 
 def _status_parser() -> argparse.ArgumentParser:

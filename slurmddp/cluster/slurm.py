@@ -281,6 +281,23 @@ def test_only(script: str, pause: float = 1.0) -> str | None:
         time.sleep(pause)
 
 
+def submit_after(command: str, after: str, options: Sequence[str]) -> str:
+    """Queue the shell line `command` as a job that starts once job `after` ended, however it
+    ended (an array: every task); its job id."""
+    said = _checked(
+        [
+            "sbatch",
+            "--parsable",
+            f"--dependency=afterany:{after}",
+            "--kill-on-invalid-dep=yes",
+            *options,
+            "--wrap",
+            command,
+        ]
+    )
+    return said.strip().split(";")[0]
+
+
 def nodes_unregistered() -> bool:
     """Whether slurmctld holds nodes in state UNKNOWN (not registered since it started)."""
     proc = run(["sinfo", "-h", "-N", "-o", "%T"])

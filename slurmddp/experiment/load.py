@@ -112,6 +112,8 @@ def load_experiment(path: str | Path, overrides: list[str] | tuple[str, ...] = (
             spec = sweeps.parse(sweep_section, _SECTIONS, train)
         except ConfigError as exc:
             raise ConfigError(f"{source}: {exc}") from None
+        if spec.then is not None:
+            spec = dataclasses.replace(spec, then=str(_then_experiment(source, spec.then)))
         for layer, text in override_layers:
             clash = set(_leaf_keys(layer)) & set(spec.keys)
             if clash:
@@ -120,6 +122,19 @@ def load_experiment(path: str | Path, overrides: list[str] | tuple[str, ...] = (
                     "drop the override or the sweep key"
                 )
     return Loaded(experiment, resolved, source, tuple(overrides), spec, merged)
+
+
+def _then_experiment(source: Path, then: str) -> Path:
+    """`sweep.then`'s file, beside the experiment; loaded here, so that a mistake in it is found
+    before the sweep is submitted, not after it ran."""
+    path = (source.parent / then).resolve()
+    if not path.is_file():
+        raise ConfigError(f"{source}: sweep.then: no such experiment file {path}")
+    try:
+        load_experiment(path)
+    except ConfigError as exc:
+        raise ConfigError(f"{source}: sweep.then: {exc}") from None
+    return path
 
 
 def _read_experiment(source: Path, overrides: list[str] | tuple[str, ...]) -> dict[str, Any]:

@@ -14,6 +14,7 @@
       max_parallel: 4          # elements running at once (Slurm's %N); default: no limit
       metric: loss             # what status and results show and sort by (a search optimizes it)
       mode: min
+      then: evaluate.yaml      # submitted once the sweep ended, with the best element's values
 
 Exactly one of grid, list, random and search; a parameter's values are written as space.py says.
 Pure: keys are normalized and checked here against the experiment's `train:` keys; the
@@ -35,7 +36,7 @@ from slurmddp.experiment import search as searches
 from slurmddp.experiment import space
 
 KINDS = ("grid", "list", "random", "search")
-SETTINGS = ("max_parallel", "metric", "mode")
+SETTINGS = ("max_parallel", "metric", "mode", "then")
 # What one array shares: a single batch script (resources, time, signal, srun's MPI plugin, the
 # folder of the in-memory snapshots it removes at the end) and a single job name and output
 # directory. Everything else travels per element in its pickle and config.yaml.
@@ -70,6 +71,9 @@ class Spec:
     search: searches.Search | None = None
     """A `search:` sweep's settings; its elements are then empty: each trial's parameters are
     chosen when it starts."""
+    then: str | None = None
+    """An experiment file to submit once the sweep ended, with the best element's values and its
+    run directory as overrides (load.py resolves it beside the experiment)."""
 
 
 def parse(section: Any, sections: tuple[str, ...], train: dict[str, Any]) -> Spec:
@@ -107,7 +111,23 @@ def parse(section: Any, sections: tuple[str, ...], train: dict[str, Any]) -> Spe
         if search is None
         else tuple(p.key for p in search.params),
         search=search,
+        then=_then(section.get("then"), section.get("metric")),
     )
+
+
+def _then(value: Any, metric: Any) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value.endswith((".yaml", ".yml")):
+        raise ConfigError(
+            f"sweep.then: the experiment file to submit once the sweep ended, as `then: evaluate.yaml`; "
+            f"got {value!r}"
+        )
+    if metric is None:
+        raise ConfigError(
+            "sweep.then: needs sweep.metric and sweep.mode, by which the best element is chosen"
+        )
+    return value
 
 
 def _unknown(key: Any) -> str:

@@ -85,6 +85,12 @@ def status_table(target: runs.Target, rows: list[runs.Row], metric: str | None) 
         text += f"\ntotal: {goodput.describe(summed)}"
     if study is not None:
         text += "".join(f"\n{line}" for line in study.lines())
+    sweep = target.sweep
+    if sweep is not None and sweep.then is not None:
+        queued = f" by job {sweep.then_job}" if sweep.then_job else ""
+        text += (
+            f"\nthen: {sweep.then} is submitted{queued} once every element ended, with the best one's values"
+        )
     return text
 
 

@@ -12,7 +12,7 @@ from typing import TextIO
 from slurmddp.errors import EXIT_JOB_FAILED
 from slurmddp.experiment.load import Loaded, SweepElement
 from slurmddp.experiment.sweep import describe
-from slurmddp.manage import index, report, runs
+from slurmddp.manage import index, report, runs, then
 from slurmddp.manage.actions import FAILED_STATES
 from slurmddp.manage.display import print_block
 from slurmddp.manage.follow import FINAL_OK, follow
@@ -45,7 +45,8 @@ def run_local(
     out.write(f"  sweep dir: {plan.run_dir}\n")
     failed = run_each(plan.run_dir, manifest, [(e, describe(e.overrides)) for e in elements], argv, out)
     print_end(plan.run_dir, print_status(plan.run_dir, out), out)
-    return EXIT_JOB_FAILED if failed else ALL_COMPLETED
+    then_failed = then.submit_then(plan.run_dir, out)
+    return EXIT_JOB_FAILED if failed or then_failed else ALL_COMPLETED
 
 
 def run_each(

@@ -263,6 +263,11 @@ class SweepManifest(Submitted):
     submissions: list[SweepSubmission] = field(default_factory=list)
     study: StudySettings | None = None
     """A scaling study's settings; None for a sweep."""
+    then: str | None = None
+    """`sweep.then`: the experiment file submitted once the sweep ended (by its `then` job on
+    Slurm, at the end of a local sweep)."""
+    then_job: str | None = None
+    """The job that submits `then` once every array job ended; None before it was queued."""
     search: dict[str, Any] | None = None
     """A `search:` sweep's study: `study` (the Optuna study's name), `storage` (its URL, or the
     journal file's absolute path), both resolved at submit, and `spec`, experiment/search.py's
@@ -291,11 +296,14 @@ class SweepManifest(Submitted):
             submissions=[SweepSubmission.from_json(s) for s in data.get("submissions", ())],
             study=StudySettings.from_json(data.get("study")),
             search=data.get("search"),
+            then=data.get("then"),
+            then_job=data.get("then_job"),
         )
 
     def to_json(self) -> dict[str, Any]:
         study = {} if self.study is None else {"study": vars(self.study)}
         search = {} if self.search is None else {"search": self.search}
+        then = {key: getattr(self, key) for key in ("then", "then_job") if getattr(self, key) is not None}
         return {
             **self._submitted_json(),
             "kind": "sweep",
@@ -307,6 +315,7 @@ class SweepManifest(Submitted):
             "submissions": [s.to_json() for s in self.submissions],
             **study,
             **search,
+            **then,
         }
 
     @classmethod

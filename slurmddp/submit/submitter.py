@@ -6,9 +6,12 @@ do, so that submitting needs nothing from the login-node side that reads runs ba
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime as dt
 import io
+import shlex
 import shutil
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -203,7 +206,28 @@ def submit_sweep(plan: SubmissionPlan, loaded: Loaded, elements: list[SweepEleme
     except BaseException:
         discard(sweep_dir, created)
         raise
+    if loaded.sweep is not None and loaded.sweep.then is not None:
+        _queue_then(plan, loaded.experiment, job_id)
     return job_id
+
+
+def _queue_then(plan: SubmissionPlan, exp: Experiment, array_id: str) -> None:
+    """The job that submits `sweep.then` once every array task ended: one core, a few minutes,
+    charged as the sweep is. Refused, the array is cancelled too: nothing is half-submitted."""
+    res = exp.resources
+    options = ["-J", f"{plan.job_name}-then", "-n", "1", "-c", "1", "-t", "10", "--chdir", plan.rank.workdir]
+    options += ["-o", str(plan.folder / "then-%j.out")]
+    for flag, value in (("--partition", res.partition), ("--account", res.account), ("--qos", res.qos)):
+        if value:
+            options.append(f"{flag}={value}")
+    command = f"{shlex.quote(sys.executable)} -m slurmddp then {shlex.quote(str(plan.run_dir))}"
+    try:
+        then_job = slurm.submit_after(command, array_id, options)
+    except BaseException:
+        slurm.cancel_quietly(array_id)
+        raise
+    manifest = SweepManifest.read(plan.run_dir)
+    dataclasses.replace(manifest, then_job=then_job).write(plan.run_dir)
 
 
 def sweep_manifest(
@@ -228,6 +252,7 @@ def sweep_manifest(
         keys=list(sweep.keys),
         elements=[ElementEntry(e.index, e.dir_name, e.overrides) for e in elements],
         search=search,
+        then=sweep.then,
     )
 
 

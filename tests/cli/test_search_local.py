@@ -177,3 +177,33 @@ def test_a_script_reads_its_trial_reports_and_stops_when_pruned(tmp_path: Path) 
         last, pruned = said.pop().split()
         assert pruned == str(element["trial"]["state"] == "pruned")
         assert (int(last) == 29) == (element["trial"]["state"] == "complete")
+
+
+def test_then_submits_an_experiment_with_the_best_values_once_the_sweep_ended(tmp_path: Path) -> None:
+    (tmp_path / "evaluate.yaml").write_text(
+        "entrypoint: objective.py:main\nresources: {tasks_per_node: 1}\ntrain: {steps: 3, lr: 0.5}\n"
+    )
+    exp = write(
+        tmp_path,
+        EXPERIMENT.replace("trials: 4", "trials: 2").replace("mode: min", "mode: min\n  then: evaluate.yaml"),
+    )
+    proc = run(tmp_path, "submit", str(exp), "executor=local", f"output_dir={tmp_path / 'runs'}")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (manifest,) = (tmp_path / "runs").glob("search/*/sweep.json")
+    shown = json.loads(run(tmp_path, "status", str(manifest.parent), "--json").stdout)
+    best = shown["study"]["best"]
+    (config,) = (tmp_path / "runs").glob("evaluate/*/config.yaml")
+    text = config.read_text()
+    assert f"lr: {best['params']['lr']}" in text
+    (best_dir,) = (e["dir"] for e in shown["elements"] if e["trial"]["number"] == best["number"])
+    assert f"best_run_dir: {best_dir}" in text
+    assert "sweep.then: slurmddp submit" in proc.stdout
+
+
+def test_a_then_that_cannot_be_loaded_is_refused_before_the_sweep(tmp_path: Path) -> None:
+    (tmp_path / "evaluate.yaml").write_text("entrypoint: objective.py:main\nresources: {nodes: 0}\n")
+    exp = write(tmp_path, EXPERIMENT.replace("mode: min", "mode: min\n  then: evaluate.yaml"))
+    proc = run(tmp_path, "submit", str(exp), "executor=local", f"output_dir={tmp_path / 'runs'}")
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "sweep.then:" in proc.stderr and "resources.nodes" in proc.stderr
+    assert not list((tmp_path / "runs").glob("*/*"))
