@@ -123,6 +123,9 @@ def _resubmit_parser() -> argparse.ArgumentParser:
     run_arg(parser, optional=True)
     parser.add_argument("--failed", action="store_true", help="a sweep's elements that failed")
     parser.add_argument(
+        "--trials", type=int, metavar="N", help="a search: N more trials in the same study, as one new array"
+    )
+    parser.add_argument(
         "--forget-exclusions",
         action="store_true",
         help="forget the nodes the run (a sweep: its failed elements) left out after faults "
@@ -225,6 +228,11 @@ def _resubmit(args: argparse.Namespace) -> int:
     if args.run is not None and "=" in args.run and not Path(args.run).exists():
         args.run, args.overrides = None, [args.run, *args.overrides]
     target = runs.resolve(args.run)
+    if target.kind == "sweep" and args.trials is not None:
+        added = actions.add_trials(str(target.dir), args.trials)
+        span = f"{added.indices[0]}-{added.indices[-1]}"
+        print(f"slurmddp: added {len(added.indices)} trials as elements {span}, array job {added.job_id}")
+        return 0
     if target.kind == "sweep":
         if not args.failed:
             raise SlurmddpError(

@@ -3,23 +3,26 @@
 from __future__ import annotations
 
 import dataclasses
+import shutil
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from slurmddp.cluster import hostlist, slurm
-from slurmddp.defaults import STOP_SIGNAL, RequeueReason
+from slurmddp.defaults import OUTPUT_DIR_MODES, STOP_SIGNAL, RequeueReason
 from slurmddp.errors import SlurmddpError
 from slurmddp.experiment.load import Loaded, SweepElement, load_experiment
 from slurmddp.experiment.resubmit import accumulate_for, check_changes
+from slurmddp.experiment.search import element_dir as search_element_dir
+from slurmddp.files import make_dirs
 from slurmddp.manage import runs
 from slurmddp.manage.amend import with_exclude
 from slurmddp.manage.runs import RunState
 from slurmddp.rundir import records
-from slurmddp.rundir.config import read_config
+from slurmddp.rundir.config import read_config, write_config
 from slurmddp.rundir.layout import CONFIG, PROGRESS
-from slurmddp.rundir.manifest import RunManifest, Submitted
+from slurmddp.rundir.manifest import ElementEntry, RunManifest, Submitted
 from slurmddp.rundir.records import (
     CANCELLED,
     End,
@@ -138,6 +141,57 @@ def resubmit_failed(ref: str, argv: list[str], forget_exclusions: bool = False) 
         _put_back(forgotten)
         raise
     return ResubmittedElements(job_id, indices, notes)
+
+
+def add_trials(ref: str, count: int) -> ResubmittedElements:
+    """Add `count` trials to a search's study: as many new elements, one new array, each asking
+    for its trial as it starts (after those of the study so far, so it learns from them)."""
+    target = runs.resolve(ref)
+    manifest = target.sweep
+    if manifest is None or manifest.search is None:
+        raise SlurmddpError(
+            f"--trials: {target.dir} is no search (a sweep with sweep.search); submit it again"
+        )
+    if not target.backend.resubmits_arrays:
+        raise SlurmddpError("resubmit --trials needs Slurm; this search ran with the local executor")
+    if count < 1:
+        raise SlurmddpError(f"--trials {count}: give how many trials to add, 1 or more")
+    first = len(manifest.elements)
+    total = first + count
+    base = _saved(target.dir, manifest)
+    names = [search_element_dir(index, total) for index in range(first, total)]
+    elements = [
+        SweepElement(index, {}, name, base) for index, name in zip(range(first, total), names, strict=True)
+    ]
+    search = {**manifest.search, "spec": {**manifest.search["spec"], "trials": total}}
+    grown = dataclasses.replace(
+        manifest,
+        elements=[*manifest.elements, *(ElementEntry(e.index, e.dir_name, {}) for e in elements)],
+        search=search,
+    )
+    plan = plan_for(
+        base,
+        elements=elements,
+        executor=target.executor,
+        run_dir=target.dir,
+        workdir=_workdir(target.dir, manifest),
+        submission=len(manifest.submissions),
+        max_parallel=manifest.max_parallel,
+    )
+    submitter.check_array_size(count, slurm.max_array_size())
+    target.backend.check_schedulable(plan)
+    mode = OUTPUT_DIR_MODES[base.experiment.output_mode]
+    try:
+        for element in elements:
+            make_dirs(target.dir / element.dir_name, mode)
+            write_config(target.dir / element.dir_name, base.resolved)
+        job_id = submitter.submit_array(plan, grown, [e.index for e in elements])
+    except BaseException:
+        manifest.write(target.dir)
+        for element in elements:
+            shutil.rmtree(target.dir / element.dir_name, ignore_errors=True)
+        raise
+    return ResubmittedElements(job_id, [e.index for e in elements], [])
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ class Ranking:
     """The sweep's override keys, one column each."""
     metrics: list[str]
     """The metric ranked by, then every other metric logged."""
+    mode: str = "min"
 
 
 def is_study(target: runs.Target) -> bool:
@@ -35,9 +36,10 @@ def rank(target: runs.Target, metric: str | None, mode: str | None) -> Ranking:
     metric = metric or target.metric or (names[0] if names else None)
     if metric is None:
         raise SlurmddpError(f"{target.dir}: no metric was logged yet (ctx.log in the training function)")
-    ranked = report.ranked(rows, metric, mode or (sweep.mode if sweep else None) or "min")
+    mode = mode or (sweep.mode if sweep else None) or "min"
+    ranked = report.ranked(rows, metric, mode)
     keys = list(sweep.keys) if sweep else []
-    return Ranking(ranked, keys, [metric, *(m for m in names if m != metric)])
+    return Ranking(ranked, keys, [metric, *(m for m in names if m != metric)], mode)
 
 
 def default_csv(target: runs.Target) -> Path:
@@ -54,7 +56,7 @@ def write(ranking: Ranking, csv: Path | None, plot: Path | None, csv_named: bool
             write_atomic(csv, report.results_csv(ranking.ranked, ranking.keys, ranking.metrics))
         if plot:
             writing = f"--plot {plot}"
-            report.plot(ranking.ranked, ranking.metrics[0], plot)
+            report.plot(ranking.ranked, ranking.metrics[0], plot, ranking.mode)
     except OSError as exc:
         where = f"{exc.filename}: " if exc.filename else ""
         raise SlurmddpError(

@@ -287,8 +287,10 @@ def _usage_json(used: accounting.Usage | None) -> dict[str, float | None]:
     return {"cpu_hours": used.cpu_hours, "gpu_hours": used.gpu_hours, "lost_hours": used.lost_hours}
 
 
-def plot(rows: list[runs.Row], metric: str, path: Path) -> None:
-    """A PNG of `metric` over steps, one line per element (needs the `plot` extra: matplotlib)."""
+def plot(rows: list[runs.Row], metric: str, path: Path, mode: str = "min") -> None:
+    """A PNG of `metric` over steps, one line per element (needs the `plot` extra: matplotlib); a
+    search's beside its optimization history: each trial's value by trial number, the pruned ones
+    at their last report, and the best so far."""
     try:
         import matplotlib
 
@@ -296,7 +298,11 @@ def plot(rows: list[runs.Row], metric: str, path: Path) -> None:
         import matplotlib.pyplot as plt
     except ImportError:
         raise SlurmddpError("--plot needs matplotlib: pip install 'slurmddp[plot]'") from None
-    figure, axes = plt.subplots(figsize=(8, 5))
+    trials = sorted((row.trial.number, row) for row in rows if row.trial is not None)
+    figure, panels = plt.subplots(1, 2 if trials else 1, figsize=(14 if trials else 8, 5), squeeze=False)
+    axes = panels[0][0]
+    if trials:
+        _history(panels[0][1], trials, metric, mode)
     for row in rows:
         # A resumed attempt logs the steps since its checkpoint again: the newest value wins.
         by_step = {
@@ -314,6 +320,26 @@ def plot(rows: list[runs.Row], metric: str, path: Path) -> None:
     figure.tight_layout()
     figure.savefig(path, format="png")
     plt.close(figure)
+
+
+def _history(axes: Any, trials: list[tuple[int, runs.Row]], metric: str, mode: str) -> None:
+    pick = min if mode == "min" else max
+    done = [
+        (n, row.trial.value) for n, row in trials if row.trial is not None and row.trial.value is not None
+    ]
+    pruned = [
+        (n, row.metrics[metric]) for n, row in trials if row.shown_state == "PRUNED" and metric in row.metrics
+    ]
+    if done:
+        axes.plot(*zip(*done, strict=True), "o", label="complete")
+        best = [pick(v for m, v in done if m <= n) for n, _ in done]
+        axes.step([n for n, _ in done], best, where="post", label=f"best so far ({mode})")
+    if pruned:
+        axes.plot(*zip(*pruned, strict=True), "x", label="pruned (last report)")
+    axes.set_xlabel("trial")
+    axes.set_ylabel(metric)
+    axes.set_title("optimization history")
+    axes.legend(fontsize="small")
 
 
 def metric_names(rows: list[runs.Row]) -> list[str]:

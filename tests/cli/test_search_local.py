@@ -93,6 +93,10 @@ def test_a_local_search_prunes_on_every_rank_at_once_and_tells_the_study(tmp_pat
             assert lasts == {29} and record["state"] == "complete"
     table = run(tmp_path, "status", str(sweep)).stdout
     assert f"{len(pruned)} pruned" in table and "PRUNED" in table
+    ranked = run(tmp_path, "results", str(sweep), "--plot", str(tmp_path / "history.png")).stdout.splitlines()
+    assert ranked[1].split()[1:3] == ["0.01", "COMPLETED"], ranked  # the optimum first
+    assert [line.split()[2] for line in ranked[1:5]].count("PRUNED") == len(pruned)
+    assert (tmp_path / "history.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_a_metric_the_run_never_logs_fails_the_trial_at_once(tmp_path: Path) -> None:

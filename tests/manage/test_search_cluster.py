@@ -56,7 +56,23 @@ def test_a_preempted_search_keeps_its_trials_and_the_study_agrees_with_status(
     (work / "quickstart_train.py").write_text((ROOT / "examples" / "quickstart_train.py").read_text())
     (work / "data").symlink_to(ROOT / "examples" / "data")
     out = tmp_path / "runs"
-    ok(cli(env, work, "submit", str(SEARCH), f"train.global_batch={BATCH}", f"output_dir={out}", "--no-wait"))
+    # Once the search ended: the best trial trained again for one epoch, through sweep.then.
+    then = work / "best.yaml"
+    then.write_text(
+        (ROOT / "examples" / "search.yaml").read_text().split("sweep:")[0].replace("epochs: 6", "epochs: 1")
+    )
+    ok(
+        cli(
+            env,
+            work,
+            "submit",
+            str(SEARCH),
+            f"train.global_batch={BATCH}",
+            f"output_dir={out}",
+            f"sweep.then={then}",
+            "--no-wait",
+        )
+    )
     (manifest,) = out.glob("*/*/sweep.json")
     sweep = manifest.parent
     wait_until(
@@ -159,3 +175,14 @@ def test_a_preempted_search_keeps_its_trials_and_the_study_agrees_with_status(
     assert f"{len(pruned)} pruned" in table and f"best: trial {best.number}" in table
     ranked = ok(cli(env, tmp_path, "results", str(sweep))).splitlines()
     assert ranked[1].split()[0] == str(best.user_attrs["element"]), ranked
+
+    then_job = json.loads(manifest.read_text())["then_job"]
+    wait_until("the then-run submitted", lambda: any(out.glob("best/*/manifest.json")), timeout=120)
+    (best_run,) = (p.parent for p in out.glob("best/*/manifest.json"))
+    config = (best_run / "config.yaml").read_text()
+    assert f"hidden: {best.params['hidden']}" in config and f"lr: {best.params['lr']}" in config
+    assert f"best_run_dir: {dirs[best.user_attrs['element']]}" in config
+    shown = subprocess.run(
+        ["sacct", "-X", "-n", "-P", "-j", then_job, "-o", "State"], env=env, capture_output=True, text=True
+    )
+    assert shown.stdout.strip() in ("COMPLETED", "RUNNING", "COMPLETING"), shown.stdout
