@@ -22,9 +22,30 @@ FLAG_KEYS: dict[str, str] = {
 """sbatch's and torchrun's flags for what an experiment sets under resources:."""
 
 
+SWEEP_FLAGS = {
+    "-m": "Hydra's multirun",
+    "--multirun": "Hydra's multirun",
+    "--array": "sbatch's --array",
+    "-a": "sbatch's --array",
+}
+"""Flags that ask for many runs: slurmddp's many runs are one array, from a `sweep:` section."""
+
+
 def unrecognized(argv: Sequence[str], extras: Sequence[str], takes_overrides: bool) -> str:
     """argparse's complaint about `extras` (what it could not place in `argv`); for a command that
     takes KEY=VALUE overrides, each flag among them with the override that says the same."""
+    many = next(
+        (SWEEP_FLAGS[word.partition("=")[0]] for word in extras if word.partition("=")[0] in SWEEP_FLAGS),
+        None,
+    )
+    if takes_overrides and many is not None:
+        return (
+            f"unrecognized arguments: {' '.join(extras)}; for {many}, slurmddp runs one Slurm array "
+            "from a sweep: section in the experiment file, as `sweep: {grid: {lr: [0.01, 0.1]}, "
+            "max_parallel: 4}` (Slurm's %4), or `sweep: {search: {trials: 12, params: {lr: "
+            '"tag(log, interval(1e-4, 1))"}}, metric: val_loss, mode: min}` for Optuna\'s'
+            " TPE with pruning; docs/runs.md, Sweeps"
+        )
     flags = _flags(argv, extras) if takes_overrides else []
     if not flags:
         return f"unrecognized arguments: {' '.join(extras)}"

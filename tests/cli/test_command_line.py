@@ -179,6 +179,27 @@ def test_a_flag_of_another_tool_is_answered_with_the_experiments_key(
     assert f"write {said}" in err and "KEY=VALUE" in err
 
 
+@pytest.mark.parametrize(
+    ("flags", "named"),
+    [
+        (["-m", "lr=0.01,0.1"], "Hydra's multirun"),
+        (["--multirun", "lr=0.01,0.1"], "Hydra's multirun"),
+        (["--array=0-3"], "sbatch's --array"),
+        (["--array", "0-3"], "sbatch's --array"),
+    ],
+)
+def test_asking_for_many_runs_by_flag_is_answered_with_the_sweep_section(
+    flags: list[str], named: str, experiment: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["dryrun", str(experiment), *flags])
+    assert exited.value.code == EXIT_USER_ERROR
+    err = capsys.readouterr().err
+    assert f"for {named}, slurmddp runs one Slurm array from a sweep: section" in err
+    assert "sweep: {grid: {lr: [0.01, 0.1]}" in err and "sweep: {search: {trials: 12" in err
+    assert "write " not in err  # not the KEY=VALUE of a flag (`m=VALUE`, `array=0-3`)
+
+
 def test_a_command_without_overrides_keeps_argparses_message(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         main(["status", "--bogus"])

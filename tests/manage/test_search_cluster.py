@@ -186,3 +186,19 @@ def test_a_preempted_search_keeps_its_trials_and_the_study_agrees_with_status(
         ["sacct", "-X", "-n", "-P", "-j", then_job, "-o", "State"], env=env, capture_output=True, text=True
     )
     assert shown.stdout.strip() in ("COMPLETED", "RUNNING", "COMPLETING"), shown.stdout
+
+    # Two more trials in the same study, asked after the twelve.
+    added = ok(cli(env, tmp_path, "resubmit", str(sweep), "--trials", "2"))
+    assert "added 2 trials as elements 12-13" in added, added
+    more = json.loads(manifest.read_text())["submissions"][-1]["job_id"]
+    deadline = time.monotonic() + 120
+    while subprocess.run(
+        ["squeue", "-h", "-j", more], env=env, capture_output=True, text=True
+    ).stdout.strip():
+        assert time.monotonic() < deadline, "the added trials did not end in 120 s"
+        time.sleep(1)
+    trials = load_study(sweep).get_trials()
+    assert len(trials) == 14 and {t.state for t in trials} <= {states.COMPLETE, states.PRUNED}
+    assert sorted(t.number for t in trials if t.user_attrs["element"] >= 12) == [12, 13]
+    counts = json.loads(ok(cli(env, tmp_path, "status", str(sweep), "--json")))["study"]["trials"]
+    assert sum(counts.values()) == 14 and counts["waiting"] == counts["running"] == 0
