@@ -41,8 +41,14 @@ def command(sweep_dir: Path) -> list[str] | None:
     top = best(sweep_dir)
     if top is None:
         return []
-    # Where the sweep ran: a local sweep's then-run stays here, a Slurm sweep's goes to its queue.
-    overrides = [*override_texts(top.overrides), f"{BEST_RUN_DIR}={top.dir}", f"executor={target.executor}"]
+    # Where the sweep ran: a local sweep's then-run stays here, a Slurm sweep's goes to its queue;
+    # and beside the sweep, under its output_dir (OUTPUT_DIR/NAME/STAMP is the sweep's directory).
+    overrides = [
+        *override_texts(top.overrides),
+        f"{BEST_RUN_DIR}={top.dir}",
+        f"executor={target.executor}",
+        f"output_dir={sweep_dir.resolve().parent.parent}",
+    ]
     return [sys.executable, "-m", "slurmddp", "submit", sweep.then, *overrides, "--no-wait"]
 
 

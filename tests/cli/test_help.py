@@ -28,6 +28,7 @@ COMMANDS = [
     "resubmit",
     "list",
     "results",
+    "then",
 ]
 
 
