@@ -436,3 +436,61 @@ def test_an_incomplete_and_a_damaged_checkpoint_are_skipped_on_resume_of_a_scrip
     assert all(hf.checkpoint_problem(tmp_path / "trainer" / name) is None for name in names)
     assert run.result()["sha256"] == reference.result()["sha256"], run.stops
     assert_each_step_once(run)
+
+
+def test_in_a_search_trainers_eval_loss_goes_to_the_study_and_its_prune_stops_the_run(
+    tmp_path: Path, example: ModuleType, monkeypatch: pytest.MonkeyPatch, patched_trainer: None
+) -> None:
+    """What Trainer logs (on_log) is the trial's report; the pruner's verdict asks the stop every
+    rank agrees on, and the run ends as a stop does, its trial record saying pruned."""
+    optuna = pytest.importorskip("optuna")
+    from slurmddp.experiment import sweep as sweeps
+    from slurmddp.job.script import report
+    from slurmddp.rundir.config import write_config
+    from slurmddp.rundir.manifest import ElementEntry, SweepManifest
+    from slurmddp.rundir.trial import TrialRecord
+    from slurmddp.search import study as studies
+    from slurmddp.search import trial
+
+    spec = sweeps.parse(
+        {
+            "search": {
+                "trials": 2,
+                "params": {"lr": "choice(0.1, 0.2)"},
+                "pruner": {"median": {"n_startup_trials": 1}},
+            },
+            "metric": "eval_loss",
+            "mode": "min",
+        },
+        ("train", "sweep"),
+        {"lr": 0.1},
+    )
+    assert spec.search is not None
+    sweep_dir = tmp_path / "sweep"
+    sweep_dir.mkdir()
+    ref = studies.StudyRef.of(spec.search, sweep_dir, "hf", "eval_loss", "min")
+    studies.create(ref)
+    elements = [ElementEntry(i, f"00{i}-trial", {}) for i in range(2)]
+    SweepManifest(
+        name="hf", metric="eval_loss", mode="min", elements=elements, search=ref.to_manifest()
+    ).write(sweep_dir)
+    # Trial 0 ended with a loss no Trainer here comes near: trial 1 is worse than the median at once.
+    first = studies.load(ref).ask(fixed_distributions=studies.distributions(spec.search))
+    first.report(0.0, 5)
+    studies.load(ref).tell(first, 0.0)
+    run_dir = sweep_dir / "001-trial"
+    run_dir.mkdir()
+    write_config(run_dir, {"train": {"lr": 0.1}})
+    trial.claim(sweep_dir, run_dir, 1)
+    monkeypatch.setenv(report.RUN_DIR_ENV, str(run_dir))
+    monkeypatch.setattr(report, "_reporter", None)
+    monkeypatch.setattr(stop, "_asked", None)
+    monkeypatch.setattr(stop, "should_stop", lambda: stop._asked is not None)
+    with pytest.raises(StopForRequeue):
+        tiny_trainer(example, tmp_path / "out", [hf.SlurmddpCallback()], evaluate=True).train()
+    reported = studies.load(ref).trials[1].intermediate_values
+    assert list(reported) == [5] and reported[5] > 0.0  # the first epoch's eval_loss, once
+    record = TrialRecord.read(run_dir)
+    assert record is not None and record.state == "pruned" and record.step == 5
+    assert (tmp_path / "out" / "checkpoint-6").is_dir()  # saved at the next step, as a stop saves
+    assert studies.load(ref).trials[1].state == optuna.trial.TrialState.RUNNING  # told at the run's end
