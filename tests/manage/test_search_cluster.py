@@ -41,6 +41,14 @@ def reasons(run: Path) -> list[str]:
     return [json.loads(line)["reason"] for line in lines if json.loads(line)["event"] == "end"]
 
 
+def gone_from_the_queue(env: dict[str, str], job: str, timeout: float) -> None:
+    """Wait until no task of array `job` is pending or running."""
+    deadline = time.monotonic() + timeout
+    while subprocess.run(["squeue", "-h", "-j", job], env=env, capture_output=True, text=True).stdout.strip():
+        assert time.monotonic() < deadline, f"array {job} did not end in {timeout:.0f} s"
+        time.sleep(1)
+
+
 def load_study(sweep: Path) -> Any:
     search = json.loads((sweep / "sweep.json").read_text())["search"]
     storage = optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(search["storage"]))
@@ -121,12 +129,7 @@ def test_a_preempted_search_keeps_its_trials_and_the_study_agrees_with_status(
             check=True,
             capture_output=True,
         )
-    deadline = time.monotonic() + 400
-    while subprocess.run(
-        ["squeue", "-h", "-j", array_id], env=env, capture_output=True, text=True
-    ).stdout.strip():
-        assert time.monotonic() < deadline, "the search did not end in 400 s"
-        time.sleep(1)
+    gone_from_the_queue(env, array_id, 400)
 
     study = load_study(sweep)
     states = optuna.trial.TrialState
@@ -191,12 +194,7 @@ def test_a_preempted_search_keeps_its_trials_and_the_study_agrees_with_status(
     added = ok(cli(env, tmp_path, "resubmit", str(sweep), "--trials", "2"))
     assert "added 2 trials as elements 12-13" in added, added
     more = json.loads(manifest.read_text())["submissions"][-1]["job_id"]
-    deadline = time.monotonic() + 120
-    while subprocess.run(
-        ["squeue", "-h", "-j", more], env=env, capture_output=True, text=True
-    ).stdout.strip():
-        assert time.monotonic() < deadline, "the added trials did not end in 120 s"
-        time.sleep(1)
+    gone_from_the_queue(env, more, 120)
     trials = load_study(sweep).get_trials()
     assert len(trials) == 14 and {t.state for t in trials} <= {states.COMPLETE, states.PRUNED}
     assert sorted(t.number for t in trials if t.user_attrs["element"] >= 12) == [12, 13]
