@@ -7,6 +7,7 @@ import argparse
 import dataclasses
 import json
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 from slurmddp.cli import waiting
@@ -106,6 +107,11 @@ def _cancel_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--yes", action="store_true", help="without RUN: cancel the newest submission without asking"
     )
+    parser.add_argument(
+        "--now",
+        action="store_true",
+        help="Slurm: scancel at once; the running ranks do not stop at an agreed step and save first",
+    )
     parser.set_defaults(func=_cancel)
     return parser
 
@@ -197,12 +203,20 @@ def _cancel(args: argparse.Namespace) -> int:
             print("slurmddp: nothing cancelled")
             return 0
         ref = str(newest.dir)
-    cancelled = actions.cancel(ref, args.index)
+    cancelled = actions.cancel(ref, args.index, args.now, _saving)
     for line in cancelled:
         print(f"slurmddp: cancelled {line}")
     if not cancelled:
         print("slurmddp: nothing to cancel: no element is pending or running")
     return 0
+
+
+def _saving(jobs: Sequence[str], wait_s: float) -> None:
+    print(
+        f"slurmddp: stopping job {', '.join(jobs)}: its ranks stop at an agreed step and save first "
+        f"(up to {wait_s:.0f} s; `cancel --now` does not wait)",
+        flush=True,
+    )
 
 
 def _newest_confirmed(newest: runs.Target, yes: bool) -> bool:

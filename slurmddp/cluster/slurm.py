@@ -594,6 +594,22 @@ def cancel(job_ids: Sequence[str]) -> None:
         _checked(["scancel", *job_ids])
 
 
+def cancel_pending(job_ids: Sequence[str]) -> None:
+    """scancel the jobs' (an array's) tasks that have not started; the running ones go on."""
+    if job_ids:
+        _checked(["scancel", "--state=PENDING", *job_ids])
+
+
+def cancel_queued(job_ids: Sequence[str]) -> None:
+    """scancel those of the jobs still in the queue: one that ended a moment ago is no error."""
+    proc = run(["scancel", *job_ids]) if job_ids else None
+    if proc is not None and proc.returncode != 0:
+        left = [job for job in job_ids if queue_state(job) is not None]
+        if left:
+            said = _said(proc) or f"exit status {proc.returncode}"
+            raise SlurmCommandError(f"scancel {' '.join(left)}: {said}")
+
+
 def cancel_quietly(job_id: str) -> None:
     """Best effort, for cleaning up after a check: the job may have ended by itself."""
     run(["scancel", job_id])

@@ -5,19 +5,20 @@ from __future__ import annotations
 import dataclasses
 import shutil
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from slurmddp.cluster import hostlist, slurm
-from slurmddp.defaults import OUTPUT_DIR_MODES, STOP_SIGNAL, RequeueReason
+from slurmddp.defaults import OUTPUT_DIR_MODES, SIGNAL_LEAD_S, STOP_SIGNAL, RequeueReason
 from slurmddp.errors import SlurmddpError
 from slurmddp.experiment.load import Loaded, SweepElement, load_experiment
 from slurmddp.experiment.resubmit import accumulate_for, check_changes
 from slurmddp.experiment.search import element_dir as search_element_dir
 from slurmddp.files import make_dirs
-from slurmddp.manage import runs
+from slurmddp.manage import report, runs
 from slurmddp.manage.amend import with_exclude
+from slurmddp.manage.backend import SaveFirst
 from slurmddp.manage.runs import RunState
 from slurmddp.rundir import records
 from slurmddp.rundir.config import read_config, write_config
@@ -53,11 +54,18 @@ def interrupt(ref: str | None, reason: RequeueReason, index: int | None = None) 
     return f"{said}; run dir {element.dir}"
 
 
-def cancel(ref: str | None, index: int | None = None) -> list[str]:
+def cancel(
+    ref: str | None,
+    index: int | None = None,
+    now: bool = False,
+    waiting: Callable[[Sequence[str], float], None] = lambda jobs, wait_s: None,
+) -> list[str]:
     """Cancel a run, a whole sweep, or one element; returns a line per element cancelled.
 
-    Each run is marked final in its attempts.jsonl before scancel, so that neither a rank's
-    requeue in flight nor the next batch-script start brings it back.
+    Each run is marked final in its attempts.jsonl before its ranks are stopped, so that neither
+    a rank's requeue in flight nor the next batch-script start brings it back. Running ranks stop
+    at an agreed step and save first, as on a preemption, unless `now`; `waiting(jobs, wait_s)`
+    is told which jobs that is and for how long at most.
     """
     target = runs.resolve(ref)
     chosen = target.elements if index is None and target.kind == "sweep" else (target.element(index),)
@@ -74,11 +82,25 @@ def cancel(ref: str | None, index: int | None = None) -> list[str]:
         done.append(element)
     whole_sweep = index is None and target.kind == "sweep"
     submissions = target.sweep.submissions if whole_sweep and target.sweep is not None else []
+    save = None if now or not done else _save_first(done[0], waiting)
     target.backend.cancel(
         [e.job_id for e in done if e.job_id],
         array_ids=sorted({s.job_id for s in submissions if s.job_id}),
+        save=save,
     )
-    return [_label(element) for element in done]
+    if save is None or target.backend.runs_here:
+        # A local run's ranks are still saving when the controller has been told.
+        return [_label(element) for element in done]
+    workdir = target.manifest.workdir
+    return [f"{_label(e)}: {report.resumes(runs.resume_point(e.dir, workdir))}" for e in done]
+
+
+def _save_first(element: runs.Run, waiting: Callable[[Sequence[str], float], None]) -> SaveFirst:
+    """The stop signal a sweep's elements share, and the lead its save is given before a limit."""
+    # A run directory written before config.yaml was kept has the defaults.
+    requeue = read_config(element.dir).get("requeue", {}) if (element.dir / CONFIG).is_file() else {}
+    wait_s = float(requeue.get("signal_lead_s", SIGNAL_LEAD_S))
+    return SaveFirst(str(requeue.get("signal", STOP_SIGNAL)), wait_s, lambda jobs: waiting(jobs, wait_s))
 
 
 def _label(element: runs.Run) -> str:

@@ -11,7 +11,8 @@ import contextlib
 import os
 import signal
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
@@ -26,6 +27,23 @@ from slurmddp.rundir.manifest import Submitted
 from slurmddp.rundir.records import AttemptId, Interrupt
 from slurmddp.submit import submitter
 from slurmddp.submit.plan import SubmissionPlan
+
+
+@dataclass(frozen=True)
+class SaveFirst:
+    """How a cancel lets the running ranks save before their jobs end."""
+
+    signal: str
+    """The run's stop signal (requeue.signal)."""
+    wait_s: float
+    """How long to wait for the ranks to save and their jobs to end (requeue.signal_lead_s, the
+    lead a save is given before a time limit); then scancel."""
+    waiting: Callable[[Sequence[str]], None] = lambda jobs: None
+    """Told the running jobs that were sent the stop signal, before the wait."""
+
+
+CANCEL_POLL_S = 1.0
+"""How often a cancel looks whether the stopped jobs have left the queue."""
 
 
 class Backend(Protocol):
@@ -55,8 +73,11 @@ class Backend(Protocol):
     def final_state(self, sub: submitter.Submission) -> JobState:
         """A followed job's end state as the scheduler accounts it; UNKNOWN where none does."""
 
-    def cancel(self, job_ids: Sequence[str], array_ids: Sequence[str] = ()) -> None:
-        """Stop the jobs `job_ids`; `array_ids`: when a whole sweep is cancelled, its submissions."""
+    def cancel(
+        self, job_ids: Sequence[str], array_ids: Sequence[str] = (), save: SaveFirst | None = None
+    ) -> None:
+        """Stop the jobs `job_ids`; `array_ids`: when a whole sweep is cancelled, its submissions.
+        `save`: the running ranks first stop at an agreed step and save, as on a preemption."""
 
     def check_schedulable(self, plan: SubmissionPlan) -> None:
         """Refuse, before anything is submitted, a plan the scheduler would refuse."""
@@ -110,9 +131,13 @@ class LocalBackend:
     def final_state(self, sub: submitter.Submission) -> JobState:
         return "UNKNOWN"
 
-    def cancel(self, job_ids: Sequence[str], array_ids: Sequence[str] = ()) -> None:
-        # Only a controller of submitit's: an element that ended long ago may have its process id
-        # taken by another process by now (the caller also checked that it is the run's own).
+    def cancel(
+        self, job_ids: Sequence[str], array_ids: Sequence[str] = (), save: SaveFirst | None = None
+    ) -> None:
+        # The controller passes SIGTERM on to the ranks, which take it as a stop signal and save:
+        # `save` is always so here. Only a controller of submitit's: an element that ended long
+        # ago may have its process id taken by another process by now (the caller also checked
+        # that it is the run's own).
         for job_id in job_ids:
             if local_ranks.is_controller(job_id):
                 with contextlib.suppress(ProcessLookupError):
@@ -222,9 +247,24 @@ class SlurmBackend:
     def final_state(self, sub: submitter.Submission) -> JobState:
         return slurm.final_state(sub.job_id)
 
-    def cancel(self, job_ids: Sequence[str], array_ids: Sequence[str] = ()) -> None:
-        # A whole sweep by its array ids, so that its pending tasks go too.
-        slurm.cancel(array_ids or job_ids)
+    def cancel(
+        self, job_ids: Sequence[str], array_ids: Sequence[str] = (), save: SaveFirst | None = None
+    ) -> None:
+        # A plain scancel would SIGTERM every process of the step at once: the DataLoader workers
+        # die of it before their rank can save (torch's workers leave only on their parent's
+        # SIGTERM). The stop signal instead, as on a preemption; scancel once they ended or the
+        # wait is over. A whole sweep by its array ids, so that its pending tasks go too.
+        running = [job for job in job_ids if slurm.queue_state(job) == "RUNNING"] if save else []
+        if save is not None and running:
+            # No pending task starts (to be stopped at once) while the running ones save.
+            slurm.cancel_pending(array_ids)
+            for job in running:
+                slurm.signal(job, save.signal)
+            save.waiting(running)
+            deadline = time.monotonic() + save.wait_s
+            while time.monotonic() < deadline and any(slurm.queue_state(job) for job in running):
+                time.sleep(CANCEL_POLL_S)
+        slurm.cancel_queued(array_ids or job_ids)
 
     def check_schedulable(self, plan: SubmissionPlan) -> None:
         submitter.check_schedulable(plan)

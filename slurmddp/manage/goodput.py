@@ -90,7 +90,12 @@ def of_run(
                 parts["queue_s"] += max(0.0, record.time - waiting_since)
             begun, ended, waiting_since = record, None, None
         elif isinstance(record, End) and begun is not None:
-            reached = _attempt(parts, begun, record.time, record.phases, record.step, reached)
+            phases, step = record.phases, record.step
+            if phases is None and progress is not None and progress.attempt == begun.attempt_id:
+                # An end record written from outside the job (a cancel's) knows no phases: the
+                # attempt's progress.json does, up to the ranks' stop.
+                phases, step = progress.phases, progress.step
+            reached = _attempt(parts, begun, record.time, phases, step, reached)
             begun, ended = None, record
             waiting_since = record.time if record.requeue and not record.in_job else None
     if begun is not None and running:

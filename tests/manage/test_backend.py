@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from slurmddp.cluster import slurm
-from slurmddp.manage import runs
-from slurmddp.manage.backend import LOCAL, SLURM, for_manifest
+from slurmddp.manage import backend, runs
+from slurmddp.manage.backend import LOCAL, SLURM, SaveFirst, for_manifest
 from slurmddp.rundir.layout import FAILURE, RESULT
 from slurmddp.rundir.manifest import RunManifest
 
@@ -60,7 +60,43 @@ def test_status_reads_a_local_sweep_without_asking_slurm(
 
 def test_slurm_cancels_a_whole_sweep_by_its_arrays(monkeypatch: pytest.MonkeyPatch) -> None:
     cancelled: list[list[str]] = []
-    monkeypatch.setattr(slurm, "cancel", lambda ids: cancelled.append(list(ids)))
+    monkeypatch.setattr(slurm, "cancel_queued", lambda ids: cancelled.append(list(ids)))
     SLURM.cancel(["40_1"], array_ids=["40", "41"])
     SLURM.cancel(["40_1"])
     assert cancelled == [["40", "41"], ["40_1"]]
+
+
+def test_a_slurm_cancel_stops_the_running_ranks_and_waits_for_them_before_scancel(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # What a plain scancel loses: its SIGTERM reaches every process of the step, and the
+    # DataLoader workers die of it before their rank can save. The order here is the fix's.
+    queue = {"40_0": "RUNNING", "40_1": "RUNNING", "40_2": "PENDING"}
+    done: list[tuple[str, ...]] = []
+
+    def signal(job: str, name: str) -> None:
+        done.append(("signal", job, name))
+
+    def queue_state(job: str) -> str | None:
+        if job == "40_1" and ("signal", "40_1", "USR2") in done:
+            queue.pop("40_1", None)  # its ranks saved and the job ended
+        return queue.get(job)
+
+    monkeypatch.setattr(slurm, "queue_state", queue_state)
+    monkeypatch.setattr(slurm, "signal", signal)
+    monkeypatch.setattr(slurm, "cancel_pending", lambda ids: done.append(("pending", *ids)))
+    monkeypatch.setattr(slurm, "cancel_queued", lambda ids: done.append(("scancel", *ids)))
+    monkeypatch.setattr(backend, "CANCEL_POLL_S", 0.01)
+    told: list[list[str]] = []
+    save = SaveFirst("USR2", 0.2, lambda jobs: told.append(list(jobs)))
+    SLURM.cancel(["40_0", "40_1", "40_2"], array_ids=["40"], save=save)
+    assert told == [["40_0", "40_1"]]
+    assert done == [
+        ("pending", "40"),
+        ("signal", "40_0", "USR2"),
+        ("signal", "40_1", "USR2"),
+        ("scancel", "40"),  # after the wait: 40_0 never ended by itself
+    ]
+    done.clear()
+    SLURM.cancel(["40_0"])  # `cancel --now`
+    assert done == [("scancel", "40_0")]

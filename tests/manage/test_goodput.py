@@ -102,3 +102,19 @@ def test_records_of_a_version_without_phases_have_no_goodput_and_a_sweep_sums_it
     line = goodput.describe(one)
     assert line.startswith(f"goodput {100 * one.share:.1f}% of 147.0 s allocated: training ")
     assert "steps redone 9.3 s (6.4%)" in line and line.endswith("queue 28.0 s (not allocated)")
+
+
+def test_a_cancelled_attempt_trains_until_its_progress_says_it_stopped() -> None:
+    # `cancel` writes the end record from the login node, before the ranks stop: it knows no
+    # phases, and a run cancelled after 659 steps once read "training 0.0 s".
+    cancelled = End("cancelled", None, 60.0, requeue=False, final=True, message="cancelled by the user")
+    records = [begin(0, 10.0), cancelled]
+    progress = Progress(300, AttemptId("7", 0), 58.0, None, started_step=0, first_step_at=14.0, save_s=2.0)
+    got = goodput.of_run(records, 0.0, progress, running=False, now=100.0)
+    assert got is not None
+    assert got.training_s == pytest.approx(58 - 14 - 2)
+    assert got.starts_s == pytest.approx(4) and got.stops_s == pytest.approx(2)
+    # Another attempt's progress is not this one's.
+    other = Progress(300, AttemptId("8", 0), 58.0, None, started_step=0, first_step_at=14.0, save_s=2.0)
+    alone = goodput.of_run(records, 0.0, other, running=False, now=100.0)
+    assert alone is not None and alone.training_s == 0 and alone.starts_s == pytest.approx(50)

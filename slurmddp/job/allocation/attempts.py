@@ -194,6 +194,11 @@ def end(
         # (scontrol requeue takes a job cancelled a moment ago, seen on 22.05.8).
         print("slurmddp: the run was cancelled; not requeueing", file=sys.stderr)
         _finish_trial(run_dir, final.reason, final.message)
+        if logs is not None and requeue_target(env):
+            # The batch script (or a resident launcher's task 0) once every rank has ended: the
+            # ranks stopped and saved for `cancel`, which scancels the job if it is still there;
+            # the job ends itself first, so that Slurm accounts it CANCELLED and not FAILED.
+            slurm.cancel_quietly(requeue_target(env))
         return 1
     me = records.latest_of_allocation(events, AttemptId.from_env(env))
     settings = Settings.of_run(run_dir)
