@@ -126,6 +126,9 @@ def _dryrun(args: argparse.Namespace) -> int:
 def _config(args: argparse.Namespace) -> int:
     loaded = load_experiment(args.experiment, args.overrides)
     elements = expand(loaded) if loaded.sweep is not None else []
+    # Planned as dryrun plans, and the plan dropped: what submit refuses (an entrypoint that names
+    # no function, resources the machine cannot hold, ...) is refused here too.
+    plan_for(loaded, elements=elements, preview=True)
     if args.index is None:
         resolved = loaded.resolved
         if elements:

@@ -433,6 +433,29 @@ FOUND_AFTER_LOADING = {
 an entrypoint), not a layer."""
 
 
+PLANNED = [case for case in CONFIG_CASES if case.id in FOUND_AFTER_LOADING - {"profile:bad-value-0"}]
+"""Refused when the run is planned (an entrypoint's file, module or function looked for), after the
+experiment loaded: what `config` once printed and exited 0 on (`entrypoint=train.py:mian`), while
+submit refused it. The cases refused in loading take the same path in every command."""
+
+
+@pytest.mark.parametrize("case", PLANNED, ids=[case.id for case in PLANNED])
+def test_config_refuses_what_submit_refuses_once_it_plans(
+    case: Case,
+    cases_dir: tuple[Path, dict[str, str]],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    tmp, env = cases_dir
+    monkeypatch.chdir(tmp)
+    for key in ("PATH", "XDG_STATE_HOME"):
+        monkeypatch.setenv(key, env[key])
+    out = tmp / "out" / "config-command" / str(PLANNED.index(case))
+    status = main(["config", *arguments(case, tmp, out)[1:]])
+    said = capsys.readouterr()
+    assert_refused(case, status, said.out, said.err, out)
+
+
 @pytest.mark.parametrize("case", CONFIG_CASES, ids=[case.id for case in CONFIG_CASES])
 def test_a_bad_value_given_as_an_override_is_blamed_on_the_override(
     case: Case,
