@@ -99,11 +99,21 @@ def load_experiment(path: str | Path, overrides: list[str] | tuple[str, ...] = (
         layers.append((merged, str(profile_path), None))
     if "name" not in exp_layer:
         exp_layer["name"] = source.stem
-    merged = _merge(merged, exp_layer, str(source))
-    layers.append((merged, str(source), None))
-    for layer, text in override_layers:
-        merged = _merge(merged, layer, f"override {text!r}")
-        layers.append((merged, f"override {text!r}", text.partition("=")[0]))
+    # Every mistake of the file and the overrides at once: a layer that fails is left out and
+    # the ones after it are merged still.
+    mistakes: list[str] = []
+    for layer, where, key in [
+        (exp_layer, str(source), None),
+        *((layer, f"override {text!r}", text.partition("=")[0]) for layer, text in override_layers),
+    ]:
+        try:
+            merged = _merge(merged, layer, where)
+        except Mistakes as exc:
+            mistakes += exc.mistakes
+            continue
+        layers.append((merged, where, key))
+    if mistakes:
+        raise ConfigError(_listed(mistakes))
     experiment, resolved = _finish_layers(layers)
     spec = None
     if sweep_section is not None:
@@ -440,18 +450,61 @@ def _typed_as_the_file(text: str, key: str, value: Any, train: Any) -> Any:
 
 
 def _merge(base: DictConfig, layer: dict[str, Any], where: str) -> DictConfig:
+    """`layer` merged onto `base`; the error names every key of `layer` that the merge refuses
+    (OmegaConf stops at the first), each tried on its own."""
     try:
         merged = OmegaConf.merge(base, layer)
     except (OmegaConfBaseException, TypeError) as exc:
-        # A value of the wrong shape for a section, a list or a mapping: OmegaConf 2.3 says so
-        # in its own terms ("Merge error: list is not a subclass of Resources"), or with a bare
-        # TypeError that names no key; say which key wanted what instead.
-        clash = _shape_clash(base, layer)
-        if clash is None and isinstance(exc, OmegaConfBaseException):
-            clash = _describe(exc)
-        raise ConfigError(f"{where}: {clash or exc}") from None
+        first = _merge_problem(base, layer, exc)
+        each = [_merge_problem(base, alone) for alone in _one_leaf_each(layer)]
+        found = list(dict.fromkeys(problem for problem in each if problem is not None)) or [first]
+        raise Mistakes([f"{where}: {problem}" for problem in found]) from None
     assert isinstance(merged, DictConfig)
     return merged
+
+
+def _merge_problem(base: DictConfig, layer: dict[str, Any], exc: BaseException | None = None) -> str | None:
+    """Why `layer` does not merge onto `base` (None where it does), said by key. A value of the
+    wrong shape for a section, a list or a mapping: OmegaConf 2.3 says so in its own terms
+    ("Merge error: list is not a subclass of Resources"), or with a bare TypeError that names no
+    key; say which key wanted what instead."""
+    if exc is None:
+        try:
+            OmegaConf.merge(base, layer)
+        except (OmegaConfBaseException, TypeError) as raised:
+            exc = raised
+        else:
+            return None
+    clash = _shape_clash(base, layer)
+    if clash is None and isinstance(exc, OmegaConfBaseException):
+        clash = _describe(exc)
+    return clash or str(exc)
+
+
+def _one_leaf_each(layer: dict[str, Any]) -> list[dict[str, Any]]:
+    """`layer` split into layers of one leaf each (a value that is not a non-empty mapping)."""
+    out: list[dict[str, Any]] = []
+    for key, value in layer.items():
+        if isinstance(value, dict) and value:
+            out += [{key: leaf} for leaf in _one_leaf_each(value)]
+        else:
+            out.append({key: value})
+    return out
+
+
+class Mistakes(ConfigError):
+    """What a layer's merge refused, a line each."""
+
+    def __init__(self, mistakes: list[str]) -> None:
+        super().__init__(_listed(mistakes))
+        self.mistakes = mistakes
+
+
+def _listed(mistakes: list[str]) -> str:
+    """One mistake as it is; more as a count and a line each."""
+    if len(mistakes) == 1:
+        return mistakes[0]
+    return f"{len(mistakes)} mistakes:\n" + "\n".join(f"  {mistake}" for mistake in mistakes)
 
 
 def _shape_clash(base: DictConfig, layer: dict[str, Any], prefix: str = "") -> str | None:

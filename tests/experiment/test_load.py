@@ -148,6 +148,23 @@ def test_unknown_key_suggests_closest(tmp_path: Path) -> None:
     assert "'lrr=1'" in message and "did you mean 'lr'" in message
 
 
+def test_every_mistake_of_the_file_and_the_overrides_is_said_at_once(tmp_path: Path) -> None:
+    # OmegaConf stops at the first key it refuses: two typos in a file once took two tries.
+    text = BASE.replace("nodes: 2", "node: 2").replace("tasks_per_node", "task_per_node")
+    message = error(write(tmp_path, text + "chekpoint: {every_steps: 5}\n"), ["dist.port=x", "lr=0.2"])
+    lines = message.splitlines()
+    assert lines[0] == "4 mistakes:", message
+    assert [line.split(": ")[1] for line in lines[1:]] == [
+        "resources.node",
+        "resources.task_per_node",
+        "chekpoint",
+        "dist.port",
+    ], message
+    assert "Did you mean: 'nodes'?" in lines[1] and lines[4].startswith("  override 'dist.port=x'"), message
+    # One mistake is one line, as before.
+    assert "\n" not in error(write(tmp_path, BASE.replace("nodes: 2", "node: 2")))
+
+
 def test_wrong_type_names_key(tmp_path: Path) -> None:
     message = error(write(tmp_path, BASE), ["resources.nodes=many"])
     assert "resources.nodes" in message and "many" in message
