@@ -32,7 +32,11 @@ def index_arg(parser: argparse.ArgumentParser) -> None:
 
 def experiment_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("experiment", type=Path, help="the experiment YAML file")
-    parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="e.g. resources.nodes=2 lr=0.1")
+    # A default: without one argparse counts a "*" positional as required, and `submit` alone
+    # said "the following arguments are required: experiment, KEY=VALUE".
+    parser.add_argument(
+        "overrides", nargs="*", default=[], metavar="KEY=VALUE", help="e.g. resources.nodes=2 lr=0.1"
+    )
 
 
 def wait_arg(parser: argparse.ArgumentParser, help_text: str) -> None:

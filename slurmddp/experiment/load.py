@@ -77,9 +77,13 @@ def load_experiment(path: str | Path, overrides: list[str] | tuple[str, ...] = (
     exp_layer = _read_experiment(source, overrides)
     sweep_section = exp_layer.pop("sweep", None)
     plain = [text for text in overrides if text.partition("=")[0].split(".")[0] != "sweep"]
+    # The sweep section after the file and after each sweep override: a mistake is blamed on the
+    # first of them after which the section is refused.
+    sweep_layers = [(sweep_section, str(source))]
     for text in overrides:
         if text not in plain:
             sweep_section = _override_sweep(sweep_section, text, source)
+            sweep_layers.append((sweep_section, f"override {text!r}"))
     merged = OmegaConf.structured(Experiment)
     # Each layer's merged config, with where it came from: a value that fails the schema's checks
     # is blamed on the first layer after which the same check fails.
@@ -117,11 +121,7 @@ def load_experiment(path: str | Path, overrides: list[str] | tuple[str, ...] = (
     experiment, resolved = _finish_layers(layers)
     spec = None
     if sweep_section is not None:
-        train = resolved.get("train") or {}
-        try:
-            spec = sweeps.parse(sweep_section, _SECTIONS, train)
-        except ConfigError as exc:
-            raise ConfigError(f"{source}: {exc}") from None
+        spec = _parsed_sweep(sweep_layers, resolved.get("train") or {})
         if spec.then is not None:
             spec = dataclasses.replace(spec, then=str(_then_experiment(source, spec.then)))
         for layer, text in override_layers:
@@ -132,6 +132,22 @@ def load_experiment(path: str | Path, overrides: list[str] | tuple[str, ...] = (
                     "drop the override or the sweep key"
                 )
     return Loaded(experiment, resolved, source, tuple(overrides), spec, merged)
+
+
+def _parsed_sweep(layers: list[tuple[Any, str]], train: dict[str, Any]) -> sweeps.Spec:
+    """The last of the sweep section's `layers` parsed; a refusal names the file or the override
+    after which the section is first refused for that reason."""
+    try:
+        return sweeps.parse(layers[-1][0], _SECTIONS, train)
+    except ConfigError as exc:
+        problem = str(exc)
+    for section, where in layers:
+        try:
+            sweeps.parse(section, _SECTIONS, train)
+        except ConfigError as exc:
+            if str(exc) == problem:
+                raise ConfigError(f"{where}: {problem}") from None
+    raise ConfigError(f"{layers[-1][1]}: {problem}")
 
 
 def _then_experiment(source: Path, then: str) -> Path:
@@ -280,13 +296,29 @@ def _override_sweep(section: Any, text: str, source: Path) -> Any:
     if not isinstance(section, dict):
         raise ConfigError(f"{source}: sweep: must be a mapping with one of grid, list, random or search")
     node = section = dict(section)
-    *parents, last = key.split(".")[1:]
-    for part in parents:
+    parts = key.split(".")[1:]
+    while len(parts) > 1 and tuple(key.split(".")[1 : -len(parts)]) not in _SETTING_MAPS:
+        part = parts.pop(0)
         child = node.get(part)
         node[part] = dict(child) if isinstance(child, dict) else {}
         node = node[part]
-    node[last] = value
+    name = ".".join(parts)
+    if len(key.split(".")) > len(parts) + 1 and tuple(key.split(".")[1 : -len(parts)]) in _SETTING_MAPS:
+        # Under grid:, random: and search.params: the rest is one setting's dotted name, which
+        # replaces the file's entry for that setting however it was written (`lr` or `train.lr`).
+        for written in [k for k in node if _setting(str(k)) == _setting(name)]:
+            del node[written]
+    node[name] = value
     return section
+
+
+def _setting(key: str) -> str:
+    """A sweep key's full name: a bare key is train's."""
+    return key if key.split(".")[0] in _SECTIONS else f"train.{key}"
+
+
+_SETTING_MAPS = {("grid",), ("random",), ("search", "params")}
+"""The sweep section's mappings whose keys are settings (`train.lr`), not further sections."""
 
 
 def _leaf_keys(layer: dict[str, Any], prefix: str = "") -> list[str]:
@@ -455,9 +487,10 @@ def _merge(base: DictConfig, layer: dict[str, Any], where: str) -> DictConfig:
     try:
         merged = OmegaConf.merge(base, layer)
     except (OmegaConfBaseException, TypeError) as exc:
-        first = _merge_problem(base, layer, exc)
         each = [_merge_problem(base, alone) for alone in _one_leaf_each(layer)]
-        found = list(dict.fromkeys(problem for problem in each if problem is not None)) or [first]
+        found = [problem for problem in dict.fromkeys(each) if problem is not None]
+        if not found:  # only the leaves together fail
+            found = [_merge_problem(base, layer, exc) or str(exc)]
         raise Mistakes([f"{where}: {problem}" for problem in found]) from None
     assert isinstance(merged, DictConfig)
     return merged

@@ -181,14 +181,15 @@ def _normalize(raw: Any, sections: tuple[str, ...], train: dict[str, Any], where
     if not isinstance(raw, dict) or not raw:
         raise ConfigError(f"{where}: must be a non-empty mapping of keys to values")
     out: dict[str, Any] = {}
+    written: dict[str, Any] = {}  # each full key as the file wrote it
     for key, value in raw.items():
         full = full_key(key, sections, train, where)
         for other in out:
             if other == full or other.startswith(f"{full}.") or full.startswith(f"{other}."):
                 raise ConfigError(
-                    f"{where}: {key!r} and {other!r} set the same setting ({full}); keep one of them"
+                    f"{where}: {key!r} and {written[other]!r} set the same setting ({full}); keep one of them"
                 )
-        out[full] = value
+        out[full], written[full] = value, key
     return out
 
 

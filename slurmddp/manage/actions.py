@@ -68,7 +68,8 @@ def cancel(
     is told which jobs that is and for how long at most.
     """
     target = runs.resolve(ref)
-    chosen = target.elements if index is None and target.kind == "sweep" else (target.element(index),)
+    whole_sweep = index is None and target.whole_sweep
+    chosen = target.elements if whole_sweep else (target.element(index),)
     known = target.backend.job_states([e.job_id for e in chosen if e.job_id])
     done = []
     for element in chosen:
@@ -80,19 +81,20 @@ def cancel(
         )
         records.append_attempt(element.dir, cancelled)
         done.append(element)
-    whole_sweep = index is None and target.kind == "sweep"
     submissions = target.sweep.submissions if whole_sweep and target.sweep is not None else []
     save = None if now or not done else _save_first(done[0], waiting)
-    target.backend.cancel(
+    saved = target.backend.cancel(
         [e.job_id for e in done if e.job_id],
         array_ids=sorted({s.job_id for s in submissions if s.job_id}),
         save=save,
     )
-    if save is None or target.backend.runs_here:
-        # A local run's ranks are still saving when the controller has been told.
-        return [_label(element) for element in done]
     workdir = target.manifest.workdir
-    return [f"{_label(e)}: {report.resumes(runs.resume_point(e.dir, workdir))}" for e in done]
+    return [
+        f"{_label(e)}: {report.resumes(runs.resume_point(e.dir, workdir))}"
+        if e.job_id in saved
+        else _label(e)
+        for e in done
+    ]
 
 
 def _save_first(element: runs.Run, waiting: Callable[[Sequence[str], float], None]) -> SaveFirst:

@@ -75,9 +75,10 @@ class Backend(Protocol):
 
     def cancel(
         self, job_ids: Sequence[str], array_ids: Sequence[str] = (), save: SaveFirst | None = None
-    ) -> None:
+    ) -> list[str]:
         """Stop the jobs `job_ids`; `array_ids`: when a whole sweep is cancelled, its submissions.
-        `save`: the running ranks first stop at an agreed step and save, as on a preemption."""
+        `save`: the running ranks first stop at an agreed step and save, as on a preemption.
+        Returns the jobs whose ranks saved and ended before this returned."""
 
     def check_schedulable(self, plan: SubmissionPlan) -> None:
         """Refuse, before anything is submitted, a plan the scheduler would refuse."""
@@ -133,7 +134,7 @@ class LocalBackend:
 
     def cancel(
         self, job_ids: Sequence[str], array_ids: Sequence[str] = (), save: SaveFirst | None = None
-    ) -> None:
+    ) -> list[str]:
         # The controller passes SIGTERM on to the ranks, which take it as a stop signal and save:
         # `save` is always so here. Only a controller of submitit's: an element that ended long
         # ago may have its process id taken by another process by now (the caller also checked
@@ -142,6 +143,7 @@ class LocalBackend:
             if local_ranks.is_controller(job_id):
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(int(job_id), signal.SIGTERM)
+        return []  # the ranks are saving still
 
     def check_schedulable(self, plan: SubmissionPlan) -> None:
         return None
@@ -249,7 +251,7 @@ class SlurmBackend:
 
     def cancel(
         self, job_ids: Sequence[str], array_ids: Sequence[str] = (), save: SaveFirst | None = None
-    ) -> None:
+    ) -> list[str]:
         # A plain scancel would SIGTERM every process of the step at once: the DataLoader workers
         # die of it before their rank can save (torch's workers leave only on their parent's
         # SIGTERM). The stop signal instead, as on a preemption; scancel once they ended or the
@@ -264,7 +266,9 @@ class SlurmBackend:
             deadline = time.monotonic() + save.wait_s
             while time.monotonic() < deadline and any(slurm.queue_state(job) for job in running):
                 time.sleep(CANCEL_POLL_S)
+        left = [job for job in running if slurm.queue_state(job) is not None]
         slurm.cancel_queued(array_ids or job_ids)
+        return [job for job in running if job not in left]
 
     def check_schedulable(self, plan: SubmissionPlan) -> None:
         submitter.check_schedulable(plan)

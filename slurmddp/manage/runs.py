@@ -9,7 +9,7 @@ from __future__ import annotations
 import datetime as dt
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -98,6 +98,14 @@ class Target:
     dir: Path
     manifest: RunManifest | SweepManifest
     elements: tuple[Run, ...] = field(default=())
+    named: int | None = None
+    """The sweep's element the reference named (its directory, or its array task's job id, `8_7`):
+    what a command that takes --index acts on without one; None: the sweep as a whole."""
+
+    @property
+    def whole_sweep(self) -> bool:
+        """A sweep, named as a whole: `cancel` without --index then cancels every element."""
+        return self.kind == "sweep" and self.named is None
 
     @property
     def backend(self) -> Backend:
@@ -118,6 +126,8 @@ class Target:
         return self.backend.executor
 
     def element(self, index: int | None) -> Run:
+        if index is None and self.named is not None:
+            index = self.named
         if index is None:
             if len(self.elements) == 1:
                 return self.elements[0]
@@ -160,10 +170,22 @@ def resolve(ref: str | None) -> Target:
             )
         return load(max(found, key=lambda record: record.stat().st_mtime).parent)
     if ref.split("_")[0].isdigit():
-        for record in reversed(index.records()):
-            if record["job_id"] == ref.split("_")[0] and Path(record["dir"]).is_dir():
-                return load(Path(record["dir"]))
-        return load(_dir_from_queue(ref))
+        indexed: Path | None = next(
+            (
+                Path(record["dir"])
+                for record in reversed(index.records())
+                if record["job_id"] == ref.split("_")[0] and Path(record["dir"]).is_dir()
+            ),
+            None,
+        )
+        target = load(indexed or _dir_from_queue(ref))
+        if "_" not in ref or target.kind != "sweep":
+            return target
+        # An array task: the element that ran (or runs) as that job.
+        named = next((e.index for e in target.elements if ref in e.job_ids), None)
+        if named is None:
+            raise SlurmddpError(f"job {ref}: {target.dir} has no element that ran as that array task")
+        return replace(target, named=named)
     raise SlurmddpError(f"{ref!r} is neither a run or sweep directory nor a job id")
 
 
@@ -172,7 +194,8 @@ def load(path: Path) -> Target:
     if (path / SWEEP).is_file():
         return _load_sweep(path)
     if (path.parent / SWEEP).is_file():  # an element's directory (a local one has a manifest too)
-        return _load_sweep(path.parent)
+        sweep = _load_sweep(path.parent)
+        return replace(sweep, named=next((e.index for e in sweep.elements if e.dir == path), None))
     if (path / MANIFEST).is_file():
         manifest = RunManifest.read(path)
         # A resubmitted run has had a job per submission, the current one last.

@@ -207,6 +207,19 @@ def test_a_command_without_overrides_keeps_argparses_message(capsys: pytest.Capt
     assert "unrecognized arguments: --bogus" in err and "KEY=VALUE" not in err
 
 
+@pytest.mark.parametrize("command", ["submit", "dryrun", "config"])
+def test_a_command_without_its_experiment_asks_for_that_alone(
+    command: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Overrides are optional: `submit` alone once said "required: experiment, KEY=VALUE".
+    with pytest.raises(SystemExit) as exited:
+        main([command])
+    assert exited.value.code == EXIT_USER_ERROR
+    assert (
+        capsys.readouterr().err.splitlines()[-1].endswith("the following arguments are required: experiment")
+    )
+
+
 @pytest.mark.parametrize("text", ["", "# nothing yet\n"])
 def test_an_empty_experiment_is_said_to_be_empty(
     text: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]

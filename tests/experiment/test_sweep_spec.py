@@ -74,7 +74,7 @@ def test_random_is_seeded_and_stays_in_range() -> None:
         ({"random": {"trials": 2, "params": {"lr": {"normal": [0, 1]}}}}, "must be one of {choice"),
         ({"random": {"trials": 2, "params": {"lr": {"int": [0.5, 3]}}}}, "bounds must be integers"),
         ({"grid": {"lrr": [1]}}, "unknown key 'lrr' (did you mean 'lr'?)"),
-        ({"grid": {"lr": [1], "train.lr": [2]}}, "'train.lr' and 'train.lr' set the same setting"),
+        ({"grid": {"lr": [1], "train.lr": [2]}}, "'train.lr' and 'lr' set the same setting (train.lr)"),
         ({"grid": {"train": [{}], "lr": [2]}}, "set the same setting"),
         ({"grid": {"resources.nodes": [1, 2]}}, "cannot vary within a sweep"),
         ({"grid": {"name": ["a", "b"]}}, "cannot vary within a sweep"),
@@ -143,6 +143,16 @@ def test_overrides_change_the_sweep_and_must_not_clash_with_it(tmp_path: Path) -
     plain.write_text("entrypoint: train.py:main\n")
     with pytest.raises(ConfigError, match="has no sweep: section"):
         load_experiment(plain, ["sweep.max_parallel=2"])
+    # A setting's dotted name under grid: is one key (it once became {train: {lr: ...}}, which
+    # clashed with the file's own train.lr).
+    dotted = load_experiment(exp, ["sweep.grid.train.lr=[0.3, 0.4, 0.5]"]).sweep
+    assert dotted is not None and len(dotted.elements) == 3
+    # A mistake in a sweep override is the override's, not the file's.
+    with pytest.raises(ConfigError, match=r"^override 'sweep.max_parallel=x': sweep.max_parallel: must be"):
+        load_experiment(exp, ["sweep.grid.width=[1, 2]", "sweep.max_parallel=x"])
+    broken = write_sweep(tmp_path, "{grid: {lr: [0.1]}, max_parallel: 0}")
+    with pytest.raises(ConfigError, match=r"exp.yaml: sweep.max_parallel: must be"):
+        load_experiment(broken, ["sweep.grid.width=[1, 2]"])
 
 
 def test_docs_list_every_key_a_sweep_cannot_vary() -> None:

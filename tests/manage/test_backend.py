@@ -89,7 +89,7 @@ def test_a_slurm_cancel_stops_the_running_ranks_and_waits_for_them_before_scance
     monkeypatch.setattr(backend, "CANCEL_POLL_S", 0.01)
     told: list[list[str]] = []
     save = SaveFirst("USR2", 0.2, lambda jobs: told.append(list(jobs)))
-    SLURM.cancel(["40_0", "40_1", "40_2"], array_ids=["40"], save=save)
+    assert SLURM.cancel(["40_0", "40_1", "40_2"], array_ids=["40"], save=save) == ["40_1"]
     assert told == [["40_0", "40_1"]]
     assert done == [
         ("pending", "40"),

@@ -10,7 +10,7 @@ import pytest
 
 from slurmddp.cluster import slurm
 from slurmddp.errors import SlurmddpError
-from slurmddp.manage import index, report, runs
+from slurmddp.manage import actions, index, report, runs
 from slurmddp.rundir.records import AttemptEvent, AttemptId, Begin, End, append_attempt
 
 
@@ -106,3 +106,41 @@ def test_the_index_finds_the_newest_submission_and_job_ids(
     assert [r["job_id"] for r in index.recent(5)] == ["8", "7"]
     with pytest.raises(SlurmddpError, match="neither a run or sweep directory nor a job id"):
         runs.resolve("no-such-thing")
+
+
+def test_an_array_task_id_or_an_elements_directory_names_that_element(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # `logs 40_1` once said the sweep needs --index while `status 40_1` took it; `cancel 40_1`
+    # cancelled every element.
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    sweep = tmp_path / "sweep"
+    dirs = ["000-aaaaaa", "001-bbbbbb"]
+    for name in dirs:
+        (sweep / name).mkdir(parents=True)
+    manifest = {
+        "kind": "sweep",
+        "name": "s",
+        "executor": "slurm",
+        "logs": str(sweep / "logs"),
+        "elements": [{"index": i, "dir": d, "overrides": {}} for i, d in enumerate(dirs)],
+        "submissions": [{"elements": [0, 1], "job_id": "40", "logs": str(sweep / "logs")}],
+    }
+    (sweep / "sweep.json").write_text(json.dumps(manifest))
+    index.remember(sweep, "sweep", "s", "40")
+    whole = runs.resolve("40")
+    assert whole.whole_sweep and whole.named is None
+    for ref in ("40_1", str(sweep / dirs[1])):
+        named = runs.resolve(ref)
+        assert not named.whole_sweep and named.element(None).dir == sweep / dirs[1], ref
+        assert named.element(0).dir == sweep / dirs[0]  # --index still wins
+    with pytest.raises(SlurmddpError, match=r"job 40_5: .* no element that ran as that array task"):
+        runs.resolve("40_5")
+
+    monkeypatch.setattr(slurm, "job_states", lambda ids: dict.fromkeys(ids, "PENDING"))
+    monkeypatch.setattr(slurm, "queue_state", lambda job: "PENDING")
+    cancelled: list[list[str]] = []
+    monkeypatch.setattr(slurm, "cancel_queued", lambda ids: cancelled.append(list(ids)))
+    assert actions.cancel("40_1") == [f"element 1 job 40_1 ({sweep / dirs[1]})"]
+    assert cancelled == [["40_1"]]
+    assert not (sweep / dirs[0] / "attempts.jsonl").exists()
