@@ -164,7 +164,8 @@ def _results_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--csv",
         type=Path,
-        help="where to write the CSV (default: SWEEP_DIR/results.csv; with --json, none unless named)",
+        help="where to write the CSV (default: SWEEP_DIR/results.csv, or results-METRIC-MODE.csv for "
+        "a --metric or --mode other than the sweep's; with --json, none unless named)",
     )
     parser.add_argument("--plot", type=Path, help="also write a PNG of the metric over steps per element")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
@@ -296,11 +297,13 @@ def _results(args: argparse.Namespace) -> int:
         return 0
     found = ranking.rank(target, args.metric, args.mode)
     # --json is for a program reading stdout: it writes a file only where one is named.
-    csv = args.csv or (None if args.json else ranking.default_csv(target))
+    asked = args.metric is not None or args.mode is not None
+    csv = args.csv or (None if args.json else ranking.default_csv(target, found, asked))
     ranking.write(found, csv, args.plot, csv_named=args.csv is not None)
     if args.json:
         print(json.dumps([dataclasses.asdict(row) for row in found.ranked], indent=2))
     else:
         print(report.results_table(found.ranked, found.keys, found.metrics))
+        print(f"slurmddp: {ranking.verdict(found)}")
         print(f"slurmddp: wrote {csv}" + (f" and {args.plot}" if args.plot else ""))
     return 0

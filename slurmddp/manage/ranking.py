@@ -42,8 +42,32 @@ def rank(target: runs.Target, metric: str | None, mode: str | None) -> Ranking:
     return Ranking(ranked, keys, [metric, *(m for m in names if m != metric)], mode)
 
 
-def default_csv(target: runs.Target) -> Path:
-    return target.dir / RESULTS_CSV
+def default_csv(target: runs.Target, ranking: Ranking, asked: bool) -> Path:
+    """SWEEP_DIR/results.csv for the ranking `results` makes when asked for none; another one
+    (`asked`: --metric or --mode, other than the sweep's own) gets a file of its own,
+    results-METRIC-MODE.csv, and leaves results.csv as it was."""
+    sweep = target.sweep
+    own = sweep is not None and (ranking.metrics[0], ranking.mode) == (sweep.metric, sweep.mode or "min")
+    if not asked or own:
+        return target.dir / RESULTS_CSV
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in ranking.metrics[0])
+    return target.dir / f"{Path(RESULTS_CSV).stem}-{safe}-{ranking.mode}.csv"
+
+
+def verdict(ranking: Ranking) -> str:
+    """What the ranking is by and who won: "ranked by the last val_loss each element logged,
+    lowest first; best: element 2 (lr=0.01), val_loss 0.231 at step 880"."""
+    metric = ranking.metrics[0]
+    order = "lowest" if ranking.mode == "min" else "highest"
+    said = f"ranked by the last {metric} each element logged, {order} first"
+    best = ranking.ranked[0] if ranking.ranked else None
+    if best is None or metric not in best.metrics:
+        return said
+    values = ", ".join(f"{k.removeprefix('train.')}={v}" for k, v in best.overrides.items())
+    where = f"element {best.index}" + (f" ({values})" if values else "")
+    at = f" at step {best.step}" if best.step is not None else ""
+    pruned = " (pruned)" if best.shown_state == "PRUNED" else ""
+    return f"{said}; best: {where}{pruned}, {metric} {best.metrics[metric]:.6g}{at}"
 
 
 def write(ranking: Ranking, csv: Path | None, plot: Path | None, csv_named: bool) -> None:

@@ -94,3 +94,26 @@ def test_results_json_writes_no_csv_unless_one_is_named(
     assert main(["results", str(sweep)]) == 0
     assert capsys.readouterr().out.splitlines()[-1] == f"slurmddp: wrote {sweep / 'results.csv'}"
     assert (sweep / "results.csv").is_file()
+
+
+def test_results_names_its_ranking_and_winner_and_keeps_another_metrics_apart(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # `results --metric` once replaced results.csv without a word, and no line said whether the
+    # ranking took each element's last value or its best, or which element won.
+    sweep = local_sweep(tmp_path / "sweep")
+    assert main(["results", str(sweep)]) == 0
+    said = capsys.readouterr().out.splitlines()
+    assert said[-2] == (
+        "slurmddp: ranked by the last loss each element logged, lowest first; "
+        "best: element 1 (lr=0.2), loss 0.25 at step 10"
+    )
+    own = (sweep / "results.csv").read_text()
+    assert main(["results", str(sweep), "--mode", "max"]) == 0
+    other = sweep / "results-loss-max.csv"
+    said = capsys.readouterr().out.splitlines()
+    assert said[-1] == f"slurmddp: wrote {other}" and "highest first; best: element 0" in said[-2]
+    assert (sweep / "results.csv").read_text() == own
+    assert [line.split(",")[0] for line in other.read_text().splitlines()[1:]] == ["0", "1"]
+    assert main(["results", str(sweep), "--metric", "loss", "--mode", "min"]) == 0  # the sweep's own
+    assert capsys.readouterr().out.splitlines()[-1] == f"slurmddp: wrote {sweep / 'results.csv'}"
