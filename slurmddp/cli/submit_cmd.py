@@ -17,7 +17,7 @@ from slurmddp.manage.outcome import next_steps
 from slurmddp.manage.signal_lead import short_lead_warning
 from slurmddp.submit import submitter
 from slurmddp.submit.plan import SubmissionPlan, waiting_for
-from slurmddp.submit.prepare import plan_for
+from slurmddp.submit.prepare import plan_for, resolve_executor
 
 
 def parsers() -> dict[str, argparse.ArgumentParser]:
@@ -126,9 +126,10 @@ def _dryrun(args: argparse.Namespace) -> int:
 def _config(args: argparse.Namespace) -> int:
     loaded = load_experiment(args.experiment, args.overrides)
     elements = expand(loaded) if loaded.sweep is not None else []
-    # Planned as dryrun plans, and the plan dropped: what submit refuses (an entrypoint that names
-    # no function, resources the machine cannot hold, ...) is refused here too.
-    plan_for(loaded, elements=elements, preview=True)
+    # Planned for the executor submit would use, and the plan dropped: what submit refuses (an
+    # entrypoint that names no function, an image for the local executor, ...) is refused here
+    # too. The controller is not pinged: `config` works with none, and at once.
+    plan_for(loaded, elements=elements, executor=resolve_executor(loaded.experiment.executor))
     if args.index is None:
         resolved = loaded.resolved
         if elements:
