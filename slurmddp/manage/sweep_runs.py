@@ -103,15 +103,32 @@ def wait(sweep_dir: Path, out: TextIO, poll_s: float = 5.0, closing: bool = Fals
     the block that ends `submit --wait`)."""
     target = runs.load(sweep_dir)
     quiet = 0
+    seen: dict[int | None, str] = {}
     # Two quiet polls in a row: a requeued element can be between two states for a moment.
     while quiet < 2:
-        active = any(row.state in runs.ACTIVE_STATES for row in runs.rows(target, with_usage=False))
+        polled = runs.rows(target, with_usage=False)
+        say_changes(polled, seen, out)
+        active = any(row.state in runs.ACTIVE_STATES for row in polled)
         quiet = 0 if active else quiet + 1
         time.sleep(poll_s if active else 1.0)
     rows = print_status(sweep_dir, out)
     if closing:
         print_end(sweep_dir, rows, out)
     return ALL_COMPLETED if all(row.state == FINAL_OK for row in rows) else EXIT_JOB_FAILED
+
+
+def say_changes(rows: Sequence[runs.Row], seen: dict[int | None, str], out: TextIO) -> None:
+    """A line for each element whose state is new since the last poll (`seen`, updated): a sweep
+    of hours would otherwise print nothing between its submission and its final table."""
+    ended = sum(row.state not in runs.ACTIVE_STATES for row in rows)
+    for row in rows:
+        if seen.get(row.index) == row.state:
+            continue
+        seen[row.index] = row.state
+        where = f" at step {row.step}" if row.step is not None and row.state != "PENDING" else ""
+        label = f" ({describe(row.overrides)})" if row.overrides else ""
+        out.write(f"slurmddp: element {row.index}{label} {row.state}{where}; {ended} of {len(rows)} ended\n")
+    out.flush()
 
 
 def print_status(run_dir: Path, out: TextIO) -> list[runs.Row]:

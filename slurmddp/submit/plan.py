@@ -454,6 +454,11 @@ def local_notes(exp: Experiment, gpus: tuple[int, ...], machine: LocalMachine) -
         notes = [f"running {res.world_size} ranks on this machine, {where} (no Slurm)"]
     else:
         notes = [f"running {res.world_size} ranks on this machine with gloo (no Slurm)"]
+    if machine.cores is not None and machine.cores < res.world_size <= CROWDED * machine.cores:
+        notes.append(
+            f"the {res.world_size} ranks share this machine's {machine.cores} cores: each step takes "
+            "longer than with a core a rank, and the results are the same"
+        )
     if machine.gpus and not gpus:
         count = len(machine.gpus)
         notes.append(
@@ -467,15 +472,22 @@ def local_notes(exp: Experiment, gpus: tuple[int, ...], machine: LocalMachine) -
     return tuple(notes)
 
 
+CROWDED = 2
+"""Ranks a core past which a local run is warned about. Up to it only a note: the quickstart's 2
+nodes x 2 ranks, the README's first command, on a 2-core laptop is what it was sized for."""
+
+
 def local_warnings(exp: Experiment, cores: int | None) -> tuple[str, ...]:
-    """A local run whose ranks outnumber the machine's `cores`. Each rank's DataLoader workers
-    want cores too, but the user's code sets their number: only the ranks are counted."""
+    """A local run whose ranks outnumber the machine's `cores` more than CROWDED times. Each rank's
+    DataLoader workers want cores too, but the user's code sets their number: only the ranks are
+    counted."""
     ranks = exp.resources.world_size
-    if cores is None or ranks <= cores:
+    if cores is None or ranks <= CROWDED * cores:
         return ()
     return (
-        f"{ranks} local ranks on {cores} cores: each rank, and each of its DataLoader workers, wants a "
-        f"core of its own, so they slow each other down; run at most {cores} ranks "
+        f"{ranks} local ranks on {cores} core{'s' * (cores > 1)}: each rank, and each of its DataLoader "
+        f"workers, wants a core of its own, so they slow each other down; run at most {cores} "
+        f"rank{'s' * (cores > 1)} "
         f"({ranks_override(exp, cores)}) or give each rank fewer loader workers",
     )
 

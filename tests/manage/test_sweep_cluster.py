@@ -239,6 +239,13 @@ def test_a_preempted_element_alone_is_requeued_and_resumes_exactly(
     said, _ = waiting.communicate(timeout=400)
     assert waiting.returncode == 0, said
     assert "3 completed" in said
+    # While it waits it says each change of an element's state, each completion among them.
+    finished = [
+        line
+        for line in said.splitlines()
+        if line.startswith("slurmddp: element ") and " COMPLETED at step " in line
+    ]
+    assert len(finished) == 3 and finished[-1].endswith("; 3 of 3 ended"), said
     assert set(wait_for_job(array_id, env).split(",")) == {"COMPLETED"}
 
     rows = status(env, tmp_path, str(sweep))

@@ -3,6 +3,7 @@ table, ranking by a metric, and finding a run by directory, job id or as the new
 
 from __future__ import annotations
 
+import io
 import json
 from pathlib import Path
 
@@ -10,7 +11,7 @@ import pytest
 
 from slurmddp.cluster import slurm
 from slurmddp.errors import SlurmddpError
-from slurmddp.manage import actions, index, report, runs
+from slurmddp.manage import actions, index, report, runs, sweep_runs
 from slurmddp.rundir.records import AttemptEvent, AttemptId, Begin, End, append_attempt
 
 
@@ -144,3 +145,20 @@ def test_an_array_task_id_or_an_elements_directory_names_that_element(
     assert actions.cancel("40_1") == [f"element 1 job 40_1 ({sweep / dirs[1]})"]
     assert cancelled == [["40_1"]]
     assert not (sweep / dirs[0] / "attempts.jsonl").exists()
+
+
+def test_a_sweeps_wait_says_each_elements_change_of_state_once() -> None:
+    def row(index: int, state: runs.RunState, step: int | None) -> runs.Row:
+        return runs.Row(index, {"lr": 0.1 * (index + 1)}, state, 1, step, {}, 0.0, "7", f"{index}")
+
+    out = io.StringIO()
+    seen: dict[int | None, str] = {}
+    sweep_runs.say_changes([row(0, "RUNNING", 3), row(1, "PENDING", None)], seen, out)
+    sweep_runs.say_changes([row(0, "RUNNING", 40), row(1, "PENDING", None)], seen, out)
+    sweep_runs.say_changes([row(0, "COMPLETED", 80), row(1, "RUNNING", 2)], seen, out)
+    assert out.getvalue().splitlines() == [
+        "slurmddp: element 0 (lr=0.1) RUNNING at step 3; 0 of 2 ended",
+        "slurmddp: element 1 (lr=0.2) PENDING; 0 of 2 ended",
+        "slurmddp: element 0 (lr=0.1) COMPLETED at step 80; 1 of 2 ended",
+        "slurmddp: element 1 (lr=0.2) RUNNING at step 2; 1 of 2 ended",
+    ]

@@ -121,15 +121,23 @@ def test_a_local_rank_drives_the_gpu_at_its_local_rank(
     assert dist.backend == ("gloo" if device is None else "nccl")
 
 
-def test_more_local_ranks_than_cores_are_warned_about(tmp_path: Path) -> None:
-    crowded = plan([], LocalMachine(cores=2), tmp_path)
+def test_more_local_ranks_than_cores_are_noted_and_twice_as_many_warned_about(tmp_path: Path) -> None:
+    # The quickstart's 4 ranks on 2 cores (the README's first command on a small laptop): a note.
+    shared = plan([], LocalMachine(cores=2), tmp_path)
+    assert shared.warnings == ()
+    assert (
+        "the 4 ranks share this machine's 2 cores: each step takes longer than with a core a rank, "
+        "and the results are the same"
+    ) in shared.notes
+    crowded = plan([], LocalMachine(cores=1), tmp_path)
     assert crowded.warnings == (
-        "4 local ranks on 2 cores: each rank, and each of its DataLoader workers, wants a core of its "
-        "own, so they slow each other down; run at most 2 ranks (resources.nodes=1 "
-        "resources.tasks_per_node=2) or give each rank fewer loader workers",
+        "4 local ranks on 1 core: each rank, and each of its DataLoader workers, wants a core of its "
+        "own, so they slow each other down; run at most 1 rank (resources.nodes=1 "
+        "resources.tasks_per_node=1) or give each rank fewer loader workers",
     )
-    assert plan([], LocalMachine(cores=4), tmp_path).warnings == ()
-    assert plan([], LocalMachine(cores=None), tmp_path).warnings == ()
+    assert not any("share" in note for note in crowded.notes)
+    for roomy in (plan([], LocalMachine(cores=4), tmp_path), plan([], LocalMachine(cores=None), tmp_path)):
+        assert roomy.warnings == () and not any("share" in note for note in roomy.notes)
     assert plan([], LocalMachine(cores=1), tmp_path, "slurm").warnings == ()
 
 
@@ -137,11 +145,11 @@ def test_the_warning_is_one_line_on_stderr_before_the_run(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.setenv("PATH", str(tmp_path))  # no Slurm: auto is local
-    monkeypatch.setattr(prepare, "this_machine", lambda: LocalMachine(cores=2))
+    monkeypatch.setattr(prepare, "this_machine", lambda: LocalMachine(cores=1))
     loaded = load_experiment(QUICKSTART, [])
     prepare.plan_for(loaded, run_dir=tmp_path / "run")
     err = capsys.readouterr().err.splitlines()
-    assert len(err) == 1 and err[0].startswith("slurmddp: warning: 4 local ranks on 2 cores:")
+    assert len(err) == 1 and err[0].startswith("slurmddp: warning: 4 local ranks on 1 core:")
     # A sweep's elements are planned again one by one, with the executor named: said once only.
     prepare.plan_for(loaded, executor="local", run_dir=tmp_path / "element")
     assert capsys.readouterr().err == ""
