@@ -24,6 +24,7 @@ from typing import Any
 
 from slurmddp.experiment.schema import Checkpoint
 from slurmddp.job.checkpoint import CheckpointStore, capture_rng_state, restore_rng_state
+from slurmddp.job.script import scriptrun
 
 
 def save(directory: str | os.PathLike[str], step: int, state: dict[str, Any], keep: int = 2) -> None:
@@ -59,6 +60,8 @@ def resume(directory: str | os.PathLike[str]) -> dict[str, Any] | None:
             shared, local = store.load(info, verify_checksums=False)
             if "rng" in local:
                 restore_rng_state(local["rng"])
+            # Where this attempt starts: `status`, the ETA and goodput count its steps from here.
+            scriptrun.anchor(info.step)
             return shared
         print(f"slurmddp: skipping checkpoint {info.path}: {problem}", file=sys.stderr, flush=True)
         store.move_aside(info, problem)

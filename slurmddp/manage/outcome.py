@@ -57,7 +57,13 @@ def time_text(row: runs.Row, wall_s: float) -> str:
 
 def checkpoints_text(folder: str, row: runs.Row) -> str:
     """Where the checkpoints are, the newest complete one's step, and any skipped."""
-    if row.resume.checkpoint is not None:
+    saves = row.resume.saves
+    if saves and row.resume.checkpoint is not None:
+        text = (
+            f"{saves} saved by the script with torch.distributed.checkpoint (newest: step "
+            f"{row.resume.step}, {row.resume.checkpoint})"
+        )
+    elif row.resume.checkpoint is not None:
         text = f"{folder} (newest complete: step {row.resume.step})"
     elif any(_entries(folder)):
         text = f"{folder} (none complete)"
@@ -91,6 +97,8 @@ def _resubmit_text(resume: runs.Resume | None) -> str:
         return "run it again from its newest complete checkpoint"
     if resume.checkpoint is None:
         return "run it again from step 0: it saved no complete checkpoint"
+    if resume.saves:
+        return f"run it again: the script resumes from its newest checkpoint, step {resume.step}"
     return f"run it again from step {resume.step}, its newest complete checkpoint"
 
 

@@ -146,6 +146,11 @@ def resumes(resume: runs.Resume) -> str:
     """Where a resubmit starts, in words."""
     if resume.checkpoint is None:
         return "a resubmit starts from step 0: no complete checkpoint was saved"
+    if resume.saves:
+        return (
+            f"a resubmit runs the script again, which resumes from the newest checkpoint it saved: "
+            f"step {resume.step} ({resume.checkpoint})"
+        )
     return f"a resubmit resumes from step {resume.step} (checkpoint {resume.checkpoint})"
 
 

@@ -43,6 +43,7 @@ from slurmddp.rundir.records import (
     final_end,
     read_attempts,
 )
+from slurmddp.rundir.script_saves import newest_kept, read_saves
 from slurmddp.rundir.trial import TrialRecord
 
 RunState = Literal[JobState, "UNSUBMITTED"]
@@ -341,16 +342,25 @@ class Resume:
     """0 where no complete checkpoint exists."""
     checkpoint: str | None
     """The checkpoint's directory; None: none, the run starts over."""
+    saves: int = 0
+    """How many checkpoints a script saved itself (rundir/script_saves.py): where it did and
+    slurmddp's own checkpoints hold none, `checkpoint` is the newest of them still there."""
 
 
 def resume_point(run_dir: Path, workdir: str | None) -> Resume:
     """The checkpoint a resubmit resumes from, judged by the rule the ranks load by
-    (job/checkpoint/completeness.py); file sizes only, not checksums, as a rank's first look."""
+    (job/checkpoint/completeness.py); file sizes only, not checksums, as a rank's first look. A
+    script that saves with torch.distributed.checkpoint into a directory of its own resumes from
+    the newest it saved."""
     steps = {path: step for step, path in step_dirs(checkpoint_dir(run_dir, workdir))}
     found, _ = newest_complete(
         steps, lambda path: checkpoint_problems(path, steps[path], None, check_crc=False)
     )
-    return Resume(0, None) if found is None else Resume(steps[found], str(found))
+    if found is not None:
+        return Resume(steps[found], str(found))
+    saves = read_saves(run_dir)
+    kept = newest_kept(saves)
+    return Resume(0, None, len(saves)) if kept is None else Resume(kept.step, kept.path, len(saves))
 
 
 @dataclass(frozen=True)

@@ -98,7 +98,11 @@ def test_a_cancelled_attempt_shows_the_step_it_stopped_at_and_where_a_resubmit_r
     text, given = status(run)
     assert given["step"] == 478
     assert [(end["attempt"], end["step"]) for end in given["ended"]] == [(1, 478)]
-    assert given["resume"] == {"step": 478, "checkpoint": str(run / "checkpoints" / "step-00000478")}
+    assert given["resume"] == {
+        "step": 478,
+        "checkpoint": str(run / "checkpoints" / "step-00000478"),
+        "saves": 0,
+    }
     assert f"\nrun: a resubmit resumes from step 478 (checkpoint {run}/checkpoints/step-00000478)" in text
     assert "  478  " in text.splitlines()[2]
 
@@ -108,7 +112,7 @@ def test_a_run_without_a_complete_checkpoint_is_said_to_start_from_step_0(tmp_pa
     cancelled_at(run, stopped=12, progressed=10)
     (run / "checkpoints" / "step-00000012").mkdir(parents=True)  # a save that never finished
     text, given = status(run)
-    assert given["resume"] == {"step": 0, "checkpoint": None}
+    assert given["resume"] == {"step": 0, "checkpoint": None, "saves": 0}
     assert "\nrun: a resubmit starts from step 0: no complete checkpoint was saved" in text
     said = dict(outcome.next_steps(str(run), "FAILED", runs.rows(runs.load(run))[0].resume))
     assert (

@@ -12,11 +12,12 @@ loads.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.abc
 import importlib.machinery
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from types import ModuleType
 
 HOOKS = {
@@ -28,11 +29,17 @@ HOOKS = {
 
 
 class _Finder(importlib.abc.MetaPathFinder):
+    """Runs `hooks[name](module)` once the module `name` has loaded, whoever imports it."""
+
+    def __init__(self, hooks: dict[str, Callable[[ModuleType], None]]) -> None:
+        self.hooks = hooks
+
     def find_spec(
         self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
     ) -> importlib.machinery.ModuleSpec | None:
-        if fullname not in HOOKS:
+        if fullname not in self.hooks:
             return None
+        hook = self.hooks[fullname]
         # The spec the other finders would give; this finder only wraps its loader.
         spec = importlib.machinery.PathFinder.find_spec(fullname, path, target)
         if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
@@ -45,10 +52,18 @@ class _Finder(importlib.abc.MetaPathFinder):
 
             def exec_module(self, module: ModuleType) -> None:
                 loader.exec_module(module)
-                _patch(HOOKS[fullname])
+                hook(module)
 
         spec.loader = _Loader()
         return spec
+
+
+def on_load(hooks: dict[str, Callable[[ModuleType], None]]) -> None:
+    """Call each hook with its module once the module has loaded (or now, if it already has)."""
+    sys.meta_path.insert(0, _Finder(hooks))
+    for name, hook in hooks.items():
+        if name in sys.modules:
+            hook(sys.modules[name])
 
 
 def _patch(integration: str) -> None:
@@ -62,7 +77,8 @@ def _patch(integration: str) -> None:
 
 def install() -> None:
     """Patch each framework's Trainer as soon as its module is loaded (or now, if it already is)."""
-    sys.meta_path.insert(0, _Finder())
-    for name, integration in HOOKS.items():
-        if name in sys.modules:
-            _patch(integration)
+    on_load({name: functools.partial(_patch_on_load, integration) for name, integration in HOOKS.items()})
+
+
+def _patch_on_load(integration: str, _: ModuleType) -> None:
+    _patch(integration)

@@ -17,12 +17,14 @@ from typing import Any, Literal
 
 from slurmddp.errors import ConfigError
 from slurmddp.job.process import stop
-from slurmddp.rundir.metrics import MetricRecord, append_metric
+from slurmddp.job.script import scriptrun
+from slurmddp.rundir.metrics import MetricRecord, append_metric, drop_metrics_from
 from slurmddp.rundir.trial import TrialRecord
 from slurmddp.search.trial import Reporter
 
 RUN_DIR_ENV = "SLURMDDP_RUN_DIR"
 _reporter: Reporter | Literal[False] | None = None
+_reported = False
 
 
 def report(step: int, **metrics: Any) -> None:
@@ -34,6 +36,12 @@ def report(step: int, **metrics: Any) -> None:
         return
     run_dir = Path(where)
     values = {name: float(getattr(v, "item", lambda v=v: v)()) for name, v in metrics.items()}
+    if _first_report():
+        # A script that resumed from a checkpoint of its own older than the stop logs those
+        # steps again: the earlier attempt's records of them go, as a resumed ctx.loop's do, and
+        # the step fixes where this attempt resumed (progress, ETA and goodput count from it).
+        drop_metrics_from(run_dir, int(step))
+        scriptrun.anchor(int(step))
     append_metric(run_dir, MetricRecord(int(step), round(time.time(), 3), values))
     if _reporter is None:
         _reporter = Reporter.open(run_dir) or False
@@ -47,6 +55,13 @@ def report(step: int, **metrics: Any) -> None:
     problem = _reporter.never_logged()
     if problem is not None:
         raise ConfigError(problem)
+
+
+def _first_report() -> bool:
+    """Whether this is the process's first `report`: its attempt's first."""
+    global _reported
+    first, _reported = not _reported, True
+    return first
 
 
 def in_search() -> bool:

@@ -42,8 +42,8 @@ class _ScriptRun:
     """The script's exit status."""
     step: int | None
     """The optimizer steps of this attempt, if the script counted any."""
-    before: int
-    """The optimizer steps of the run's earlier attempts."""
+    started: int
+    """The step this attempt started from (scriptrun.run_step)."""
     finished: bool
     """The script itself ended with status 0."""
     stopped_on: int | None
@@ -68,7 +68,7 @@ def run_script(spec: RankSpec, dist: DistEnv) -> int:
         seen = Progress.read(Path(spec.run_dir))
         first = seen.first_step_at if seen is not None and seen.attempt == me else None
         first = first or (now if run.step > 0 else None)
-        Progress(run.before + run.step, me, now, started_step=run.before, first_step_at=first).write(
+        Progress(run.started + run.step, me, now, started_step=run.started, first_step_at=first).write(
             Path(spec.run_dir)
         )
     # A script that stopped by agreement stopped, even where this process heard no signal itself.
@@ -100,9 +100,14 @@ def _run_child(spec: RankSpec, dist: DistEnv, command: list[str]) -> _ScriptRun:
         # This process hosts the store, as torchrun's agent does: it outlives the script (module
         # doc of job.rendezvous). The script's clients retry until it is up, so torch loads
         # meanwhile. job.scriptrun runs the script as python would, counting its optimizer steps.
+        before = _steps_before(Path(spec.run_dir), AttemptId.of(dist))
         child = subprocess.Popen(
             [sys.executable, "-m", "slurmddp.job.script.scriptrun", *command[1:]],
-            env={**os.environ, **_script_env(spec, dist, steps.name, began)},
+            env={
+                **os.environ,
+                **_script_env(spec, dist, steps.name, began),
+                scriptrun.STEPS_BEFORE_ENV: str(before),
+            },
         )
         # From now on a stop signal reaches the script at once, not at the next poll: every rank
         # hears it within the same millisecond (job/process/stop.py agrees on the step).
@@ -115,12 +120,12 @@ def _run_child(spec: RankSpec, dist: DistEnv, command: list[str]) -> _ScriptRun:
             met.set()
         if watch is not None:
             watch.step_of = lambda: scriptrun.read_steps(Path(steps.name))
-        before = _steps_before(Path(spec.run_dir), AttemptId.of(dist))
         code = _wait_for_script(child, dist, Path(spec.run_dir), Path(steps.name), before)
         step = scriptrun.read_steps(Path(steps.name))
+        started, _ = scriptrun.run_step(Path(steps.name), before)
         finished = scriptrun.read_finished(Path(steps.name))
         stopped_on = scriptrun.read_stopped(Path(steps.name))
-    return _ScriptRun(code, step, before, finished, stopped_on, store, watch)
+    return _ScriptRun(code, step, started, finished, stopped_on, store, watch)
 
 
 def _end_failed(spec: RankSpec, dist: DistEnv, command: list[str], run: _ScriptRun, code: int) -> NoReturn:
@@ -137,7 +142,7 @@ def _end_stopped(spec: RankSpec, dist: DistEnv, run: _ScriptRun, signum: int, co
     """The script stopped for `signum`: rank 0 records the stop; a local run ends for its requeue."""
     if dist.rank == 0:
         Stop(
-            step=None if run.step is None else run.before + run.step,
+            step=None if run.step is None else run.started + run.step,
             signal=signals.name(signum),
             signal_at=signals.received_at(),
             attempt=AttemptId.of(dist),
@@ -220,9 +225,9 @@ def _steps_before(run_dir: Path, attempt: AttemptId) -> int:
 def _wait_for_script(
     child: subprocess.Popen[bytes], dist: DistEnv, run_dir: Path, steps: Path, before: int
 ) -> int:
-    """The script's exit status; meanwhile rank 0 records as progress the optimizer steps made in
-    the run, `before` this attempt's and this attempt's: with an integration, which never makes a
-    step twice, the training step the script is at."""
+    """The script's exit status; meanwhile rank 0 records as progress the step the script is at:
+    the step this attempt started from (where the script said it resumed, else the steps of the
+    earlier attempts, `before`) and the optimizer steps it made since."""
     shown_at = 0.0
     first_step_at: float | None = None
     while True:
@@ -231,15 +236,15 @@ def _wait_for_script(
         except subprocess.TimeoutExpired:
             if dist.rank == 0 and time.monotonic() - shown_at >= PROGRESS_EVERY_S:
                 shown_at = time.monotonic()
-                step = scriptrun.read_steps(steps)
+                started, step = scriptrun.run_step(steps, before)
                 if step is not None:
                     # Seen at most PROGRESS_EVERY_S late: the script's steps are counted by polling.
-                    first_step_at = first_step_at or (time.time() if step > 0 else None)
+                    first_step_at = first_step_at or (time.time() if step > started else None)
                     Progress(
-                        before + step,
+                        step,
                         AttemptId.of(dist),
                         time.time(),
-                        started_step=before,
+                        started_step=started,
                         first_step_at=first_step_at,
                     ).write(run_dir)
 

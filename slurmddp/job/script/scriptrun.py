@@ -42,7 +42,7 @@ from typing import Any
 
 from slurmddp.defaults import ALWAYS_STOP_ON, STOP_SIGNAL, STOP_SIGNALS_ENV
 from slurmddp.job.process import forks, signals, startwatch, stop
-from slurmddp.job.script import autoload, ddp_buckets
+from slurmddp.job.script import autoload, ddp_buckets, saves
 
 STEP_FILE_ENV = "SLURMDDP_STEP_FILE"
 WATCH_ENV = "SLURMDDP_WATCH"
@@ -56,6 +56,11 @@ AUTO_ENV = "SLURMDDP_INTEGRATIONS_AUTO"
 """Set (`integrations: auto`): framework Trainers get slurmddp's callback when their module loads."""
 STOPPED_AT = 16
 """Where the step file holds the signal of the stop the script ended on (8 bytes; 0: none)."""
+RESUMED_AT = 24
+"""Where the step file holds 1 + the step this attempt resumed from, once the script said it
+(`anchor`; 8 bytes; 0: not said)."""
+STEPS_BEFORE_ENV = "SLURMDDP_STEPS_BEFORE"
+"""The optimizer steps the run's earlier attempts made: the most this attempt can resume from."""
 
 
 class Steps:
@@ -119,6 +124,52 @@ def read_stopped(path: Path) -> int | None:
         return None
 
 
+def read_resumed(path: Path) -> int | None:
+    """The step this attempt resumed from, where the script said it (`anchor`)."""
+    try:
+        data = path.read_bytes()[RESUMED_AT : RESUMED_AT + 8]
+    except OSError:
+        return None
+    return int.from_bytes(data, "little") - 1 if any(data) else None
+
+
+def anchor(step: int) -> None:
+    """The script says it is at `step` (its first `slurmddp.report`, or `checkpoints.resume`):
+    with the steps counted so far, that fixes the step this attempt resumed from. A script that
+    resumed from a checkpoint of its own older than the stop makes the steps after it again, which
+    the count of the run's steps would add twice. Kept only where it can be: from 0 to the steps the
+    earlier attempts made (a script that numbers samples or epochs says nothing of its steps), and
+    only the first time. Outside a script's process, nothing."""
+    where = os.environ.get(STEP_FILE_ENV)
+    if not where or read_resumed(Path(where)) is not None:
+        return
+    resumed = step - (read_steps(Path(where)) or 0)
+    if 0 <= resumed <= int(os.environ.get(STEPS_BEFORE_ENV, "0")):
+        fd = os.open(where, os.O_WRONLY)
+        try:
+            os.pwrite(fd, (resumed + 1).to_bytes(8, "little"), RESUMED_AT)
+        finally:
+            os.close(fd)
+
+
+def run_step(path: Path, before: int) -> tuple[int, int | None]:
+    """(the step this attempt started from, the step it is at): from where the script said it
+    resumed, else from the steps the earlier attempts made (`before`: right for an integration,
+    which never makes a step twice); the second is None before the first step."""
+    started = read_resumed(path)
+    started = before if started is None else started
+    count = read_steps(path)
+    return started, None if count is None else started + count
+
+
+def current_step() -> int:
+    """In the script's process: the step the run is at (`run_step` over its own step file)."""
+    before = int(os.environ.get(STEPS_BEFORE_ENV, "0"))
+    where = os.environ.get(STEP_FILE_ENV)
+    started, step = run_step(Path(where), before) if where else (before, None)
+    return started if step is None else step
+
+
 def _on_stop_signal(signum: int) -> None:
     """A SIGTERM that nothing will act on ends the script as it would without slurmddp; a script
     that asks `should_stop()` stops at its next boundary instead."""
@@ -168,6 +219,7 @@ def main(argv: list[str]) -> None:
         ddp_buckets.install(Path(os.environ["SLURMDDP_RUN_DIR"]), int(os.environ.get("RANK", "0")))
     if os.environ.get(AUTO_ENV):
         autoload.install()
+    saves.install(current_step, anchor)
     if watchdog is not None:
         # The script's own code from here; where it meets the others, its stack tells.
         watchdog.phase(startwatch.SETUP)
