@@ -96,6 +96,9 @@ def reference(
     return param_hash(run)
 
 
+# One generation each for the two preemptions in a bundle (the torchrun script's on 22.05): each
+# generation's container path is preempted, resumed and checked bit-exact once, not twice.
+@pytest.mark.lab_generation("24.11")
 def test_the_quickstart_in_a_bundle_is_preempted_and_ends_as_if_never_stopped(
     slurm_env: dict[str, str], slurm_generation: str, bundle: Path, reference: str, tmp_path: Path
 ) -> None:
@@ -211,6 +214,8 @@ def loop_steps(run: Path) -> list[int]:
     return [int(line.split()[0]) for line in path.read_text().splitlines()] if path.exists() else []
 
 
+# The quickstart's preemption in a bundle is 24.11's (above).
+@pytest.mark.lab_generation("22.05")
 def test_a_torchrun_script_in_a_bundle_is_preempted_and_ends_as_if_never_stopped(
     slurm_env: dict[str, str], slurm_generation: str, bundle: Path, tmp_path: Path
 ) -> None:

@@ -92,6 +92,10 @@ def max_overlap(env: dict[str, str], array_id: str) -> int:
     return most
 
 
+# The throttle (%2) is Slurm's in both generations and the ranking is slurmddp's own: one run, on
+# 24.11; 22.05's arrays run two at a time in test_search_cluster.py and are cancelled element by
+# element below.
+@pytest.mark.lab_generation("24.11")
 def test_grid_of_six_runs_two_at_a_time_and_results_rank_them(
     slurm_env: dict[str, str], tmp_path: Path
 ) -> None:
@@ -173,6 +177,9 @@ def final_hash(run: Path) -> str:
     return hashes.pop()
 
 
+# One element of an array preempted and requeued alone: 24.11 here, 22.05 in
+# test_search_cluster.py (its trials are an array's elements, one preempted by a `high` job).
+@pytest.mark.lab_generation("24.11")
 def test_a_preempted_element_alone_is_requeued_and_resumes_exactly(
     slurm_env: dict[str, str], tmp_path: Path
 ) -> None:
