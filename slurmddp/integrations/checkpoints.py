@@ -60,7 +60,7 @@ def resume(directory: str | os.PathLike[str]) -> dict[str, Any] | None:
             shared, local = store.load(info, verify_checksums=False)
             if "rng" in local:
                 restore_rng_state(local["rng"])
-            # Where this attempt starts: `status`, the ETA and goodput count its steps from here.
+            # Where this attempt starts: `status` and goodput count its steps from here.
             scriptrun.anchor(info.step)
             return shared
         print(f"slurmddp: skipping checkpoint {info.path}: {problem}", file=sys.stderr, flush=True)

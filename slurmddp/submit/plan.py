@@ -454,10 +454,11 @@ def local_notes(exp: Experiment, gpus: tuple[int, ...], machine: LocalMachine) -
         notes = [f"running {res.world_size} ranks on this machine, {where} (no Slurm)"]
     else:
         notes = [f"running {res.world_size} ranks on this machine with gloo (no Slurm)"]
-    if machine.cores is not None and machine.cores < res.world_size <= CROWDED * machine.cores:
+    cores = machine.cores
+    if cores is not None and cores < res.world_size <= CROWDED * cores:
         notes.append(
-            f"the {res.world_size} ranks share this machine's {machine.cores} cores: each step takes "
-            "longer than with a core a rank, and the results are the same"
+            f"the {res.world_size} ranks share this machine's {cores} core{'s' * (cores > 1)}: each step "
+            "takes longer than with a core a rank, and the results are the same"
         )
     if machine.gpus and not gpus:
         count = len(machine.gpus)

@@ -39,7 +39,7 @@ def report(step: int, **metrics: Any) -> None:
     if _first_report():
         # A script that resumed from a checkpoint of its own older than the stop logs those
         # steps again: the earlier attempt's records of them go, as a resumed ctx.loop's do, and
-        # the step fixes where this attempt resumed (progress, ETA and goodput count from it).
+        # the step fixes where this attempt resumed (progress and goodput count from it).
         drop_metrics_from(run_dir, int(step))
         scriptrun.anchor(int(step))
     append_metric(run_dir, MetricRecord(int(step), round(time.time(), 3), values))

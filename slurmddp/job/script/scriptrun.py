@@ -134,7 +134,7 @@ def read_resumed(path: Path) -> int | None:
 
 
 def anchor(step: int) -> None:
-    """The script says it is at `step` (its first `slurmddp.report`, or `checkpoints.resume`):
+    """The script says it is at `step` (its first `slurmddp.report`, `checkpoints.resume`, a DCP load):
     with the steps counted so far, that fixes the step this attempt resumed from. A script that
     resumed from a checkpoint of its own older than the stop makes the steps after it again, which
     the count of the run's steps would add twice. Kept only where it can be: from 0 to the steps the
