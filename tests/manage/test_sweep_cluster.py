@@ -266,6 +266,9 @@ def test_a_preempted_element_alone_is_requeued_and_resumes_exactly(
     assert reasons == ["preemption", "completed"]
     # The preempted element ends with the same parameters, bit for bit, as its untouched twins.
     assert final_hash(dirs[1]) == final_hash(dirs[0]) == final_hash(dirs[2])
+    # Slurm's SIGCONT with the preemption's SIGTERM once made submitit warn on every rank.
+    logs = "".join(path.read_text() for path in sweep.rglob("*_log.err"))
+    assert logs and "Bypassing signal" not in logs, logs[-2000:]
 
 
 def test_cancel_one_element_and_resubmit_exactly_the_failed_one(

@@ -34,6 +34,10 @@ def install(names: tuple[str, ...], then: Callable[[int], None] | None = None) -
     _then = then
     for name in names:
         signal.signal(getattr(signal, f"SIG{name}"), _record)
+    # Slurm sends SIGCONT with every stop and requeue, and submitit's handler for it logs "Bypassing
+    # signal SIGCONT" on every rank, a warning about nothing: the default action (a stopped
+    # process goes on) is all it needs.
+    signal.signal(signal.SIGCONT, signal.SIG_DFL)
 
 
 def ignore(names: tuple[str, ...]) -> None:
