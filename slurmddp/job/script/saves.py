@@ -35,9 +35,6 @@ def install(step_of: Callable[[], int], anchor: Callable[[int], None]) -> None:
 
 
 def _wrap(run_dir: Path, step_of: Callable[[], int], anchor: Callable[[int], None], dcp: ModuleType) -> None:
-    if getattr(dcp.save, "_slurmddp_records", False):
-        return
-
     def record(where: str) -> None:
         append_save(run_dir, ScriptSave(step_of(), round(time.time(), 3), where))
 
@@ -77,7 +74,6 @@ def _recording(call: Any, record: Callable[[str], None], asynchronous: bool) -> 
             done.add_done_callback(saved)
         return result
 
-    recording._slurmddp_records = True  # type: ignore[attr-defined]
     return recording
 
 

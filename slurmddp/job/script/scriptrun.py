@@ -98,14 +98,18 @@ class Steps:
         os._exit(0)
 
 
+def _field(path: Path, at: int) -> int:
+    """The 8-byte number at byte `at` of a step file; 0 where it is not written (or no file)."""
+    try:
+        return int.from_bytes(path.read_bytes()[at : at + 8], "little")
+    except OSError:
+        return 0
+
+
 def read_steps(path: Path) -> int | None:
     """The count a script's Steps wrote, None before its first step (a finished mark alone leaves
     the count's bytes zero)."""
-    try:
-        data = path.read_bytes()
-    except OSError:
-        return None
-    return int.from_bytes(data[:8], "little") or None
+    return _field(path, 0) or None
 
 
 def read_finished(path: Path) -> bool:
@@ -118,19 +122,13 @@ def read_finished(path: Path) -> bool:
 
 def read_stopped(path: Path) -> int | None:
     """The signal of the agreed stop the script ended on (`exit_for_requeue()`), if it did."""
-    try:
-        return int.from_bytes(path.read_bytes()[STOPPED_AT : STOPPED_AT + 8], "little") or None
-    except OSError:
-        return None
+    return _field(path, STOPPED_AT) or None
 
 
 def read_resumed(path: Path) -> int | None:
     """The step this attempt resumed from, where the script said it (`anchor`)."""
-    try:
-        data = path.read_bytes()[RESUMED_AT : RESUMED_AT + 8]
-    except OSError:
-        return None
-    return int.from_bytes(data, "little") - 1 if any(data) else None
+    stored = _field(path, RESUMED_AT)
+    return stored - 1 if stored else None
 
 
 def anchor(step: int) -> None:
