@@ -61,7 +61,7 @@ def resume(directory: str | os.PathLike[str]) -> dict[str, Any] | None:
             if "rng" in local:
                 restore_rng_state(local["rng"])
             # Where this attempt starts: `status` and goodput count its steps from here.
-            scriptrun.anchor(info.step)
+            scriptrun.anchor(info.step, recorded=True)
             return shared
         print(f"slurmddp: skipping checkpoint {info.path}: {problem}", file=sys.stderr, flush=True)
         store.move_aside(info, problem)

@@ -10,9 +10,18 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from conftest import DIE_IN_SHUTDOWN, only_run, slurmddp
 
-from slurmddp.job.script.scriptrun import STEP_FILE_ENV, read_finished, read_steps
+from slurmddp.job.script.scriptrun import (
+    STEP_FILE_ENV,
+    STEPS_BEFORE_ENV,
+    anchor,
+    read_finished,
+    read_resumed,
+    read_steps,
+    run_step,
+)
 
 # Five optimizer steps, one skipped by a GradScaler that found an inf (no step is made then), and
 # what `python script.py` / `python -m` would show it.
@@ -215,3 +224,23 @@ def test_a_finished_script_rank_leaves_before_the_teardown_that_would_abort_it(t
         assert "SIGABRT" not in text and "terminate called" not in text, (name, text)
         assert "counted as completed" not in text, (name, text)
     assert all(f"rank {rank}: the script's exit handler ran" in outs for rank in (0, 1)), outs
+
+
+def test_a_resume_step_is_kept_once_and_a_reported_one_only_up_to_the_steps_made_before(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    steps = tmp_path / "steps"
+    monkeypatch.setenv(STEP_FILE_ENV, str(steps))
+    monkeypatch.setenv(STEPS_BEFORE_ENV, "26")
+    steps.write_bytes(b"")
+    anchor(30)  # a report past the 26 steps made: samples or epochs, not steps
+    assert read_resumed(steps) is None
+    anchor(5)  # at count 0
+    anchor(20)  # the first one stands
+    assert read_resumed(steps) == 5
+    # A checkpoint slurmddp recorded at step 30 counts though the killed attempt's last poll said 26.
+    steps.write_bytes((3).to_bytes(8, "little"))
+    anchor(33)
+    assert read_resumed(steps) is None
+    anchor(33, recorded=True)
+    assert read_resumed(steps) == 30 and run_step(steps, 26) == (30, 33)

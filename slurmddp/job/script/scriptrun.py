@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import functools
 import json
 import os
 import runpy
@@ -131,18 +132,20 @@ def read_resumed(path: Path) -> int | None:
     return stored - 1 if stored else None
 
 
-def anchor(step: int) -> None:
+def anchor(step: int, *, recorded: bool = False) -> None:
     """The script says it is at `step` (its first `slurmddp.report`, `checkpoints.resume`, a DCP load):
     with the steps counted so far, that fixes the step this attempt resumed from. A script that
     resumed from a checkpoint of its own older than the stop makes the steps after it again, which
-    the count of the run's steps would add twice. Kept only where it can be: from 0 to the steps the
-    earlier attempts made (a script that numbers samples or epochs says nothing of its steps), and
-    only the first time. Outside a script's process, nothing."""
+    the count of the run's steps would add twice. Kept only the first time, and only where it can
+    be: a reported step from 0 to the steps the earlier attempts made (a script that numbers
+    samples or epochs says nothing of its steps). A step slurmddp `recorded` itself (a checkpoint's)
+    may exceed those: an attempt killed outright left its progress up to a poll behind its last
+    save. Outside a script's process, nothing."""
     where = os.environ.get(STEP_FILE_ENV)
     if not where or read_resumed(Path(where)) is not None:
         return
     resumed = step - (read_steps(Path(where)) or 0)
-    if 0 <= resumed <= int(os.environ.get(STEPS_BEFORE_ENV, "0")):
+    if resumed >= 0 and (recorded or resumed <= int(os.environ.get(STEPS_BEFORE_ENV, "0"))):
         fd = os.open(where, os.O_WRONLY)
         try:
             os.pwrite(fd, (resumed + 1).to_bytes(8, "little"), RESUMED_AT)
@@ -217,7 +220,7 @@ def main(argv: list[str]) -> None:
         ddp_buckets.install(Path(os.environ["SLURMDDP_RUN_DIR"]), int(os.environ.get("RANK", "0")))
     if os.environ.get(AUTO_ENV):
         autoload.install()
-    saves.install(current_step, anchor)
+    saves.install(current_step, functools.partial(anchor, recorded=True))
     if watchdog is not None:
         # The script's own code from here; where it meets the others, its stack tells.
         watchdog.phase(startwatch.SETUP)
