@@ -110,6 +110,8 @@ def test_the_quickstart_in_a_bundle_is_preempted_and_ends_as_if_never_stopped(
     assert param_hash(run) == reference
 
 
+# Beside the preemption on the same generation, which makes the reference both compare with.
+@pytest.mark.lab_generation("24.11")
 def test_a_rank_killed_inside_the_container_restarts_in_the_allocation(
     slurm_env: dict[str, str], slurm_generation: str, bundle: Path, reference: str, tmp_path: Path
 ) -> None:

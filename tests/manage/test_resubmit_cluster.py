@@ -48,6 +48,9 @@ def submit(env: dict[str, str], out: Path) -> tuple[Path, str]:
     return run, str(json.loads((run / "manifest.json").read_text())["job_id"])
 
 
+# slurmddp's own stop and resume: `cancel` on both generations is test_sweep_cluster.py's cancel
+# of one element.
+@pytest.mark.lab_generation("24.11")
 def test_a_cancelled_two_node_run_saved_and_resumes_on_one_node_on_the_same_samples(
     slurm_env: dict[str, str], tmp_path: Path
 ) -> None:
