@@ -45,6 +45,7 @@ class Follower:
         self.backend = for_executor(sub.plan.executor)
         self.tails = [Tail(sub.log_path(0, "out")), Tail(sub.log_path(0, "err"))]
         self.folded = TracebackFold()
+        self.teardown = StopFold()
         self.watch = RunWatch(sub.plan.run_dir)
         self.last_state: JobState | None = None
 
@@ -62,7 +63,7 @@ class Follower:
                 for tail in self.tails:
                     for line in tail.new_lines():
                         self.watch.note(line)
-                        if not self.folded.hides(line):
+                        if not self.teardown.hides(line) and not self.folded.hides(line):
                             view.say(f"  [rank 0] {line}")
                 if state is None:
                     break
@@ -112,6 +113,36 @@ class TracebackFold:
             return True
         self.inside = False
         return False
+
+
+_REQUEUED = re.compile(r"^slurmddp: attempt ended: (preemption|timeout|interrupt)\b.*; requeue \d+")
+"""Rank 0's line for an attempt that stopped and saved, and goes back to the queue."""
+_NEXT_ATTEMPT = "slurmddp: rank 0 of "
+_BATCH_SIGTERM = "slurmddp: batch script got SIGTERM"
+"""The batch script's trap (submit/batch/setup.sh.j2), which a requeue's SIGTERM sets off."""
+_TORCH_NOISE = "hostname of the client socket cannot be retrieved"
+"""torch's warning at every connection where the peers' addresses have no name (no reverse DNS)."""
+
+
+class StopFold:
+    """Leaves out what a healthy requeue prints after the ranks stopped and saved, until the next
+    attempt's first line: Slurm ending the job's steps (srun's "Job step aborted", slurmstepd's
+    "CANCELLED ... DUE TO JOB REQUEUE"), and the ranks' loader workers dying of the SIGTERM Slurm
+    sends every process then. slurmddp's own lines stay; the logs keep everything."""
+
+    def __init__(self) -> None:
+        self.requeued = False
+
+    def hides(self, line: str) -> bool:
+        text = _RANK_PREFIX.sub("", line, count=1)
+        if _TORCH_NOISE in text:
+            return True
+        if text.startswith(_NEXT_ATTEMPT):
+            self.requeued = False
+        elif _REQUEUED.match(text):
+            self.requeued = True
+            return False
+        return self.requeued and (not text.startswith("slurmddp: ") or text.startswith(_BATCH_SIGTERM))
 
 
 def follow(sub: Submission, out: TextIO, poll_s: float = POLL_S) -> JobState:

@@ -17,7 +17,7 @@ from slurmddp.cluster.slurm import JobState
 from slurmddp.manage.tail import Tail
 from slurmddp.rundir.layout import METRICS, PERF
 from slurmddp.rundir.metrics import MetricRecord
-from slurmddp.rundir.records import AttemptId, LoopProgress, Progress, begins, read_attempts
+from slurmddp.rundir.records import AttemptId, End, LoopProgress, Progress, begins, read_attempts
 
 RATE_SMOOTHING = 0.3
 """Weight of the newest speed: rank 0 writes progress.json every ~2 s, so a few records' average
@@ -153,6 +153,12 @@ class RunWatch:
                 starting=None if metrics else self.phase,
             )
         step = max(record.step, logged) if isinstance(logged, int) else record.step
+        events = read_attempts(self.run_dir)
+        if events and isinstance(events[-1], End) and events[-1].step is not None:
+            # Between an attempt's end and the next begin: the step it stopped and saved at, which
+            # the progress record, written every few seconds, may not have reached (600 of a stop
+            # at 601 was shown while the job waited in the queue).
+            step = max(step, events[-1].step)
         loop = record.loop
         return Snapshot(
             state,
@@ -162,7 +168,7 @@ class RunWatch:
             epoch=_epoch(loop, record.step, step) if loop is not None else None,
             epochs=loop.epochs if loop is not None else None,
             # Each attempt's begin is recorded; restarts inside an allocation leave Slurm's count as is.
-            attempt=max(len(begins(read_attempts(self.run_dir))), record.attempt.restart_count + 1),
+            attempt=max(len(begins(events)), record.attempt.restart_count + 1),
             rate=self.rate.update(record),
             metrics=metrics,
         )

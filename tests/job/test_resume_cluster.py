@@ -9,6 +9,7 @@ import random
 import re
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -16,10 +17,12 @@ from typing import Any
 import pytest
 from conftest import (
     ROOT,
+    SYNTHETIC,
     preempt_with_high_job,
     progress_step,
     rank_pid,
     rank_pids,
+    run_dirs,
     run_job_id,
     slurm_command,
     slurmddp,
@@ -87,13 +90,31 @@ def reference(slurm_lab: dict[str, str], tmp_path_factory: pytest.TempPathFactor
 
 
 def test_preempted_twice_resumes_bit_exact(slurm_env: dict[str, str], tmp_path: Path, reference: str) -> None:
-    run = submit_run(slurm_env, tmp_path / "runs", *COMMON)
+    """Followed by `submit --wait`, as a user watches it: both stops show slurmddp's lines, not the
+    teardown Slurm and torch print into rank 0's log (manage/follow.py, StopFold)."""
+    out = tmp_path / "runs"
+    out.mkdir()
+    waiting = subprocess.Popen(
+        [sys.executable, "-m", "slurmddp", "submit", str(SYNTHETIC), *COMMON, f"output_dir={out}", "--wait"],
+        env=slurm_env,
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    wait_until("the run directory", lambda: bool(run_dirs(out)), timeout=60)
+    (run,) = run_dirs(out)
     for threshold in (200, 600):
         wait_until(f"step {threshold}", lambda t=threshold: progress_step(run) >= t)
         preempt_with_high_job(slurm_env, tmp_path)
         count = len(ends(run))
         wait_until("the preempted attempt to end", lambda c=count: len(ends(run)) > c)
     assert wait_for_job(run_job_id(run), slurm_env, timeout=300) == "COMPLETED"
+    shown, _ = waiting.communicate(timeout=120)
+    assert waiting.returncode == 0, shown
+    assert shown.count("[rank 0] slurmddp: attempt ended: preemption at step") == 2, shown
+    noise = ("DUE TO JOB REQUEUE", "Job step aborted", "srun: ", "Job is pending execution", "got SIGTERM")
+    assert [line for line in noise if line in shown] == [], shown
     records = ends(run)
     assert [r["reason"] for r in records] == ["preemption", "preemption", "completed"]
     assert final_hash(run) == reference

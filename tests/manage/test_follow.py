@@ -20,10 +20,10 @@ from typing import cast
 import pytest
 
 from slurmddp.manage import ctrl_c, views
-from slurmddp.manage.follow import TracebackFold, follow
+from slurmddp.manage.follow import StopFold, TracebackFold, follow
 from slurmddp.manage.snapshot import LatestMetrics, RunWatch, StepRate
 from slurmddp.rundir import records
-from slurmddp.rundir.records import AttemptId, Begin, LoopProgress, Progress
+from slurmddp.rundir.records import AttemptId, Begin, End, LoopProgress, Progress
 from slurmddp.submit.submitter import Submission
 
 
@@ -112,6 +112,20 @@ def test_the_step_shown_is_never_behind_the_metrics_beside_it(tmp_path: Path) ->
     log_metrics(tmp_path, 176, test_acc=0.9)
     end = watch.snapshot(None, 7.0)
     assert (end.step, end.epoch, end.metrics["test_acc"]) == (176, 7, 0.9)
+
+
+def test_between_two_attempts_the_step_shown_is_the_one_the_ranks_stopped_at(tmp_path: Path) -> None:
+    """The progress record of step 600, then the stop at 601: while the job waits in the queue the
+    step shown is 601; once the next attempt began, its own records again."""
+    watch = RunWatch(tmp_path)
+    records.append_attempt(tmp_path, Begin(0, 1.0, "node1", "node[1-2]", AttemptId("5", 0)))
+    write_progress(tmp_path, 600, total=1320)
+    assert watch.snapshot("RUNNING", 1.0).step == 600
+    records.append_attempt(tmp_path, End("preemption", 601, 2.0, True, False, "preemption at step 601"))
+    assert watch.snapshot("PENDING", 2.0).step == 601
+    records.append_attempt(tmp_path, Begin(1, 3.0, "node1", "node[1-2]", AttemptId("5", 1)))
+    Progress(590, AttemptId("5", 1), time.time(), None).write(tmp_path)
+    assert watch.snapshot("RUNNING", 3.0).step == 590
 
 
 def test_before_the_loop_reports_the_snapshot_says_how_far_the_start_came(tmp_path: Path) -> None:
@@ -282,6 +296,41 @@ def test_a_ranks_traceback_is_folded_to_its_exception_line() -> None:
         "[rank0]: omegaconf.errors.ConfigAttributeError: Missing key lrr. Did you mean: 'lr'?",
         "[rank0]:     full_key: train.lrr",
         "slurmddp: stopped at step 3",
+    ]
+
+
+def test_a_healthy_requeue_shows_slurmddps_lines_and_not_slurms_teardown() -> None:
+    """Rank 0's log at a preemption on the 24.11 lab (the out and err files interleaved), then a
+    crash, whose lines all stay."""
+    log = [
+        "[W1203 socket.cpp:207] [c10d] The hostname of the client socket cannot be retrieved. err=-3",
+        "slurmddp: stopped at step 720 on SIGUSR2; the job will be requeued",
+        "slurmddp: attempt ended: preemption at step 720; requeue 1 (budget unlimited)",
+        "srun: Job step aborted: Waiting up to 12 seconds for job step to finish.",
+        "slurmstepd-node1: error: *** JOB 20 ON node1 CANCELLED AT 2026-12-03T12:36:54 DUE TO JOB REQUEUE",
+        "slurmstepd-node1: error: *** STEP 20.1 ON node1 CANCELLED AT 2026-12-03T12:36:54 DUE TO JOB REQUEUE",
+        "srun: got SIGCONT",
+        "srun: forcing job termination",
+        "slurmddp: batch script got SIGTERM",
+        "[rank0]: Traceback (most recent call last):",
+        '[rank0]:   File "/usr/lib/python3.11/weakref.py", line 666, in _exitfunc',
+        "[rank0]: RuntimeError: DataLoader worker (pid 22562) is killed by signal: Terminated. ",
+        "slurmddp: rank 0 of 4 (node 0, local rank 0) on node1, job 20, attempt 2",
+        "slurmddp: resumed from RUN/checkpoints/step-00000720 at step 720",
+        "[rank0]: RuntimeError: DataLoader worker (pid 23001) is killed by signal: Killed. ",
+        "slurmddp: attempt ended: failure at step 731; requeue 1 (budget 3)",
+        "srun: error: node2: task 3: Exited with exit code 1",
+    ]
+    stops, tracebacks = StopFold(), TracebackFold()
+    shown = [line for line in log if not stops.hides(line) and not tracebacks.hides(line)]
+    assert shown == [
+        "slurmddp: stopped at step 720 on SIGUSR2; the job will be requeued",
+        "slurmddp: attempt ended: preemption at step 720; requeue 1 (budget unlimited)",
+        "slurmddp: rank 0 of 4 (node 0, local rank 0) on node1, job 20, attempt 2",
+        "slurmddp: resumed from RUN/checkpoints/step-00000720 at step 720",
+        "[rank0]: RuntimeError: DataLoader worker (pid 23001) is killed by signal: Killed. ",
+        "slurmddp: attempt ended: failure at step 731; requeue 1 (budget 3)",
+        "srun: error: node2: task 3: Exited with exit code 1",
     ]
 
 

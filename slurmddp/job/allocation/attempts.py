@@ -275,8 +275,9 @@ def _requeue(run_dir: Path, env: Mapping[str, str], settings: Settings) -> int:
     # The user's resources.exclude too: the update replaces the job's list.
     hosts = sorted(found | settings.user_excluded()) if found else []
     refused = slurm.requeue_excluding(target, hosts) if hosts else slurm.requeue(target)
-    if refused is not None:
-        # The job may already be on its way back (a preemption in REQUEUE mode requeues by itself).
+    # "Job is pending execution": it is on its way back already (rank 0's requeue, or a preemption in
+    # REQUEUE mode, which requeues by itself).
+    if refused is not None and "pending execution" not in refused:
         print(f"slurmddp: scontrol requeue {target}: {refused}", file=sys.stderr)
     return 0
 

@@ -39,7 +39,9 @@ trap 'echo "slurmddp: batch script got SIGTERM" >&2' TERM
 # The random part: another cluster's job of the same id may run beside this one (nodes shared by
 # two Slurm installations, a job id used again), and each allocation starts afresh.
 export SLURMDDP_SNAPSHOTS=/dev/shm/"slurmddp-$(id -u)/$SLURM_JOB_ID.${SLURM_RESTART_COUNT:-0}-$(cat /proc/sys/kernel/random/uuid)"
-command srun --overlap --no-kill --kill-on-bad-exit=0 --nodes="$SLURM_JOB_NUM_NODES" --ntasks="$SLURM_JOB_NUM_NODES" \
+# --quiet: Slurm ends this step at the job's end, and srun said "Job step aborted" into rank 0's
+# log at every healthy end (its errors it still writes).
+command srun --overlap --no-kill --kill-on-bad-exit=0 --quiet --nodes="$SLURM_JOB_NUM_NODES" --ntasks="$SLURM_JOB_NUM_NODES" \
   --ntasks-per-node=1 --job-name=slurmddp-snapshots --output=/dev/null --error=/dev/null \
   bash -c 'trap "" USR1 USR2 INT HUP; trap "rm -rf \"\$SLURMDDP_SNAPSHOTS\"; exit 0" TERM; while :; do sleep 3600 & wait $!; done' &
 export SLURMDDP_IN_JOB_RESTART=0
