@@ -4,9 +4,10 @@ What a training function imports comes from here: `RunContext` (what every rank 
 `ResumableDistributedSampler`, and `StopForRequeue` (what `ctx.loop` raises once every rank saved
 after a stop signal). A training script (a plain loop, or a framework's through
 `slurmddp.integrations`) asks `should_stop()` at each step and, once every rank saved, calls
-`exit_for_requeue()`; it logs with `report(step, **metrics)` and reads a search trial's values
-with `params()`. They are loaded on first use, so that importing the package stays light (no
-torch): the submit path runs on login nodes that may lack it.
+`exit_for_requeue()`; it logs with `report(step, **metrics)`, says its length with
+`total_steps(n)` and reads a search trial's values with `params()`. They are loaded on first
+use, so that importing the package stays light (no torch): the submit path runs on login nodes
+that may lack it.
 
 The package follows the flow of a submission; each sub-package is one side of it:
 
@@ -57,11 +58,12 @@ __all__ = [
     "pruned",
     "report",
     "should_stop",
+    "total_steps",
 ]
 
 if TYPE_CHECKING:
     from slurmddp.job.process.stop import StopForRequeue, exit_for_requeue, should_stop
-    from slurmddp.job.script.report import params, pruned, report
+    from slurmddp.job.script.report import params, pruned, report, total_steps
     from slurmddp.job.train.context import RunContext
     from slurmddp.job.train.sampler import ResumableDistributedSampler
 
@@ -74,6 +76,7 @@ _EXPORTS = {
     "report": "slurmddp.job.script.report",
     "params": "slurmddp.job.script.report",
     "pruned": "slurmddp.job.script.report",
+    "total_steps": "slurmddp.job.script.report",
 }
 
 

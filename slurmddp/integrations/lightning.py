@@ -60,6 +60,7 @@ from slurmddp.job.checkpoint.io import file_crc32, write_stream_atomic
 from slurmddp.job.checkpoint.rng import capture_rng_state, restore_rng_state
 from slurmddp.job.process.stop import exit_for_requeue, should_stop
 from slurmddp.job.script import report as search_report
+from slurmddp.job.script import scriptrun
 
 try:
     from lightning.pytorch import Callback as _Callback
@@ -192,6 +193,11 @@ class SlurmddpCallback(_Callback):
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         self._restore_signal_handlers()
+        # The optimizer steps of the whole fit (max_steps, or epochs x batches; inf where neither
+        # bounds it): the run's ETA.
+        total = trainer.estimated_stepping_batches
+        if total != float("inf"):
+            scriptrun.expect_total(int(total))
         self._seen_step = trainer.global_step
         if self._resumed_from is not None:
             rng = _load_local(self._resumed_from / rank_file_name(trainer.global_rank))

@@ -59,6 +59,7 @@ from slurmddp.job.checkpoint import completeness
 from slurmddp.job.checkpoint.completeness import UNCHECKED, Kind, Marker, Wording
 from slurmddp.job.process import stop
 from slurmddp.job.script import report as search_report
+from slurmddp.job.script import scriptrun
 
 __all__ = ["COMPLETE", "SlurmddpCallback", "auto", "checkpoint_problem", "newest_complete", "resume_point"]
 
@@ -223,6 +224,8 @@ class SlurmddpCallback(TrainerCallback):
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
     ) -> None:
         trainer = self.trainer
+        # Trainer has worked out its max_steps by now (from epochs too): the run's ETA.
+        scriptrun.expect_total(state.max_steps)
         if not (self.resumed and state.global_step > 0 and trainer is not None):
             return
         if _training_had_ended(state):

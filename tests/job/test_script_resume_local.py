@@ -36,6 +36,7 @@ dist.init_process_group("gloo")
 torch.manual_seed(0)
 model = DistributedDataParallel(torch.nn.Linear(4, 1))
 optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+slurmddp.total_steps(int(sys.argv[1]))
 step = 0
 names = os.listdir(root) if os.path.isdir(root) else []
 done = sorted(int(n) for n in names if os.path.exists(os.path.join(root, n, ".metadata")))
@@ -87,6 +88,9 @@ def test_a_script_resumed_from_its_own_older_checkpoint_is_reported_with_each_st
 
     progress = Progress.read(run)
     assert progress is not None and (progress.step, progress.started_step) == (STEPS, 20), progress
+    # slurmddp.total_steps: the share done and an ETA, as a ctx.loop run has them.
+    assert progress.loop is not None and progress.loop.total_steps == STEPS, progress
+    assert f"step {STEPS}/{STEPS} (100%)" in out, out
     logged = [r.step for r in read_metrics(run)]
     assert logged == list(range(5, STEPS + 1, 5)), logged
     saves = read_saves(run)

@@ -17,9 +17,11 @@ from slurmddp.job.script.scriptrun import (
     STEP_FILE_ENV,
     STEPS_BEFORE_ENV,
     anchor,
+    expect_total,
     read_finished,
     read_resumed,
     read_steps,
+    read_total,
     run_step,
 )
 
@@ -244,3 +246,18 @@ def test_a_resume_step_is_kept_once_and_a_reported_one_only_up_to_the_steps_made
     assert read_resumed(steps) is None
     anchor(33, recorded=True)
     assert read_resumed(steps) == 30 and run_step(steps, 26) == (30, 33)
+
+
+def test_the_runs_total_is_kept_beside_the_count_and_the_latest_said_counts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    steps = tmp_path / "steps"
+    steps.write_bytes((7).to_bytes(8, "little"))
+    assert read_total(steps) is None
+    expect_total(120)  # outside a script's process: nothing
+    assert read_total(steps) is None
+    monkeypatch.setenv(STEP_FILE_ENV, str(steps))
+    expect_total(120)
+    expect_total(0)  # Lightning's or HF's "no bound": the total said stands
+    expect_total(150)
+    assert read_total(steps) == 150 and read_steps(steps) == 7 and read_resumed(steps) is None

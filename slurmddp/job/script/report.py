@@ -57,6 +57,13 @@ def report(step: int, **metrics: Any) -> None:
         raise ConfigError(problem)
 
 
+def total_steps(total: int) -> None:
+    """Say how many optimizer steps the whole run makes, from any rank, once or whenever it
+    changes: `status` and `submit --wait` then show a script's ETA and share done. slurmddp's
+    Trainer integrations say it themselves (HF's max_steps, Lightning's estimated_stepping_batches)."""
+    scriptrun.expect_total(int(total))
+
+
 def _first_report() -> bool:
     """Whether this is the process's first `report`: its attempt's first."""
     global _reported

@@ -28,7 +28,7 @@ from slurmddp.job.script import scriptrun
 from slurmddp.job.spec import RankSpec
 from slurmddp.job.train import trackers
 from slurmddp.job.train.loop import PROGRESS_EVERY_S
-from slurmddp.rundir.records import AttemptId, Failure, Progress, Stop
+from slurmddp.rundir.records import AttemptId, Failure, LoopProgress, Progress, Stop
 
 if TYPE_CHECKING:
     from torch._C._distributed_c10d import Store
@@ -68,7 +68,8 @@ def run_script(spec: RankSpec, dist: DistEnv) -> int:
         seen = Progress.read(Path(spec.run_dir))
         first = seen.first_step_at if seen is not None and seen.attempt == me else None
         first = first or (now if run.step > 0 else None)
-        Progress(run.started + run.step, me, now, started_step=run.started, first_step_at=first).write(
+        loop = seen.loop if seen is not None and seen.attempt == me else None  # the total, if said
+        Progress(run.started + run.step, me, now, loop, started_step=run.started, first_step_at=first).write(
             Path(spec.run_dir)
         )
     # A script that stopped by agreement stopped, even where this process heard no signal itself.
@@ -244,9 +245,16 @@ def _wait_for_script(
                         step,
                         AttemptId.of(dist),
                         time.time(),
+                        _total(steps),
                         started_step=started,
                         first_step_at=first_step_at,
                     ).write(run_dir)
+
+
+def _total(steps: Path) -> LoopProgress | None:
+    """What a script knows besides its step: the run's total, where it said it (an ETA)."""
+    total = scriptrun.read_total(steps)
+    return None if total is None else LoopProgress(total, None, None, 0.0, None)
 
 
 def _after(step: int | None) -> str:

@@ -60,6 +60,9 @@ STOPPED_AT = 16
 RESUMED_AT = 24
 """Where the step file holds 1 + the step this attempt resumed from, once the script said it
 (`anchor`; 8 bytes; 0: not said)."""
+TOTAL_AT = 32
+"""Where the step file holds the optimizer steps the whole run makes, once the script or its
+framework's integration said it (`expect_total`; 8 bytes; 0: not said): progress shows an ETA."""
 STEPS_BEFORE_ENV = "SLURMDDP_STEPS_BEFORE"
 """The optimizer steps the run's earlier attempts made: the most this attempt can resume from."""
 
@@ -151,6 +154,25 @@ def anchor(step: int, *, recorded: bool = False) -> None:
             os.pwrite(fd, (resumed + 1).to_bytes(8, "little"), RESUMED_AT)
         finally:
             os.close(fd)
+
+
+def expect_total(total: int) -> None:
+    """The script says how many optimizer steps the whole run makes (`slurmddp.report(...,
+    total_steps=N)`, a Trainer's max_steps): the latest said counts. Outside a script's process,
+    nothing."""
+    where = os.environ.get(STEP_FILE_ENV)
+    if not where or total <= 0:
+        return
+    fd = os.open(where, os.O_WRONLY)
+    try:
+        os.pwrite(fd, int(total).to_bytes(8, "little"), TOTAL_AT)
+    finally:
+        os.close(fd)
+
+
+def read_total(path: Path) -> int | None:
+    """The run's total of optimizer steps, where the script said it (`expect_total`)."""
+    return _field(path, TOTAL_AT) or None
 
 
 def run_step(path: Path, before: int) -> tuple[int, int | None]:
