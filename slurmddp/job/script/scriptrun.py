@@ -157,9 +157,8 @@ def anchor(step: int, *, recorded: bool = False) -> None:
 
 
 def expect_total(total: int) -> None:
-    """The script says how many optimizer steps the whole run makes (`slurmddp.report(...,
-    total_steps=N)`, a Trainer's max_steps): the latest said counts. Outside a script's process,
-    nothing."""
+    """The script says how many optimizer steps the whole run makes (`slurmddp.total_steps(N)`, a
+    Trainer integration's): the latest said counts. Outside a script's process, nothing."""
     where = os.environ.get(STEP_FILE_ENV)
     if not where or total <= 0:
         return
