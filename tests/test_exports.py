@@ -12,7 +12,7 @@ import pytest
 def test_the_user_names_are_the_job_sides_classes() -> None:
     import slurmddp
     from slurmddp.job.process.stop import StopForRequeue, exit_for_requeue, should_stop
-    from slurmddp.job.script.report import params, pruned, report
+    from slurmddp.job.script.report import params, pruned, report, total_steps
     from slurmddp.job.train.context import RunContext
     from slurmddp.job.train.sampler import ResumableDistributedSampler
 
@@ -22,6 +22,7 @@ def test_the_user_names_are_the_job_sides_classes() -> None:
     assert slurmddp.should_stop is should_stop
     assert slurmddp.exit_for_requeue is exit_for_requeue
     assert (slurmddp.report, slurmddp.params, slurmddp.pruned) == (report, params, pruned)
+    assert slurmddp.total_steps is total_steps
     assert sorted(slurmddp.__all__) == [
         "ResumableDistributedSampler",
         "RunContext",
@@ -31,6 +32,7 @@ def test_the_user_names_are_the_job_sides_classes() -> None:
         "pruned",
         "report",
         "should_stop",
+        "total_steps",
     ]
     with pytest.raises(AttributeError, match="has no attribute 'Nope'"):
         slurmddp.Nope  # noqa: B018
