@@ -100,3 +100,20 @@ def test_a_slurm_cancel_stops_the_running_ranks_and_waits_for_them_before_scance
     done.clear()
     SLURM.cancel(["40_0"])  # `cancel --now`
     assert done == [("scancel", "40_0")]
+
+
+def test_a_job_completing_after_the_stop_signal_counts_as_ended_by_itself(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # COMPLETING: the batch script and its steps are over; the nodes' cleanup can hold the job in
+    # the queue past the save's wait on a loaded cluster.
+    monkeypatch.setattr(slurm, "queue_state", lambda job: {"50": "COMPLETING"}.get(job, "RUNNING"))
+    monkeypatch.setattr(slurm, "signal", lambda job, name: None)
+    monkeypatch.setattr(slurm, "cancel_pending", lambda ids: None)
+    monkeypatch.setattr(slurm, "cancel_queued", lambda ids: None)
+    monkeypatch.setattr(backend, "CANCEL_POLL_S", 0.01)
+    save = SaveFirst("USR2", 0.1, lambda jobs: None)
+    assert SLURM.cancel(["50"], save=save) == []  # never RUNNING: nothing was signalled
+    states = iter(["RUNNING", "COMPLETING"])
+    monkeypatch.setattr(slurm, "queue_state", lambda job: next(states, "COMPLETING"))
+    assert SLURM.cancel(["51"], save=save) == ["51"]
