@@ -4,10 +4,11 @@ drawn at random: both stops are preemptions, no optimizer step is made twice or 
 and the final parameters are bit-identical to an uninterrupted run's. The uninterrupted run is
 made once, locally with the same 3 ranks (gloo sums in the same order over loopback as over the
 lab's bridge; with 2, a + b == b + a would hide a changed order). Several ranks on one node are
-preempted by test_container_cluster.py's quickstart (2 nodes x 2). The same scripts without the line, under
-`integrations: auto`, are stopped and resumed bit-exact by the local tests (test_transformers.py's
-damaged-checkpoint test, test_lightning.py's SIGTERM-only test): the import hook that adds the line
-works the same under either executor, and the line it adds is the one preempted here.
+preempted by test_container_cluster.py's quickstart (2 nodes x 2). The same scripts without the
+line, under `integrations: auto`, are stopped and resumed bit-exact by the local tests
+(test_transformers.py's damaged-checkpoint test, test_lightning.py's SIGTERM-only test): the
+import hook that adds the line works the same under either executor, and the line it adds is the
+one preempted here.
 
 Per case beyond that: the first attempt's DDP bucket layout recorded (ddp.resume_buckets);
 accelerate's under gradient accumulation, against the same loop without the helper, one stop
