@@ -72,15 +72,24 @@ def sample(until: subprocess.Popen[bytes] | int, every: float) -> tuple[Counter[
             if found is None:
                 continue
             ppid, ticks, comm = found
-            key = seen[pid][2] if pid in seen else key_of(pid, comm)
+            # A key that names a test is kept; any other is looked for again: a rank seen between
+            # slurmstepd's fork and its exec still has slurmstepd's name.
+            known = seen.get(pid, (0, 0, "other: "))[2]
+            key = known if not known.startswith(("other: ", "lab daemons")) else key_of(pid, comm)
             if not first:
                 spent[key] += ticks - (seen[pid][1] if pid in seen else 0)
             now[pid] = (ppid, ticks, key)
         for pid, (ppid, ticks, _) in seen.items():
-            # Gone: its parent's children's time will hold all of it, part of which was counted.
-            if pid not in now and str(ppid) in now:
-                parent = now[str(ppid)]
-                spent[parent[2]] -= ticks
+            if pid in now:
+                continue
+            # Gone: the nearest ancestor still here holds all of it in its children's time once
+            # each one between waited (a rank and its srun step's processes end together), and
+            # part of it was counted already.
+            ancestor = str(ppid)
+            while ancestor not in now and ancestor in seen:
+                ancestor = str(seen[ancestor][0])
+            if ancestor in now:
+                spent[now[ancestor][2]] -= ticks
         seen, first = now, False
         if isinstance(until, subprocess.Popen):
             running = until.poll() is None
